@@ -1,0 +1,97 @@
+"""Town names -> RoadMaps.
+
+A town is one of: a path to an ``.xodr`` file; a built-in town generated in code
+(:data:`drivemind.maps.towns.BUILTIN_TOWNS`); or a name such as ``Town02`` looked up as
+``<name>.xodr`` in, in order, the configured search path, ``$DRIVEMIND_MAP_PATH``
+(``os.pathsep``-separated) and ``$CARLA_ROOT``'s OpenDRIVE folders.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from .roadmap import MapError, RoadMap
+
+ENV_VAR = "DRIVEMIND_MAP_PATH"
+CARLA_SUBDIRS = (
+    "CarlaUE4/Content/Carla/Maps/OpenDrive",
+    "Unreal/CarlaUE4/Content/Carla/Maps/OpenDrive",
+    "Import",
+)
+
+
+def search_dirs(extra: list[str] | tuple[str, ...] | str | None = None) -> list[Path]:
+    """Directories searched for ``<name>.xodr``, in order."""
+    dirs: list[Path] = []
+    if isinstance(extra, str):
+        extra = [p for p in extra.split(os.pathsep) if p]
+    for p in extra or ():
+        dirs.append(Path(os.path.expanduser(str(p))))
+    for p in os.environ.get(ENV_VAR, "").split(os.pathsep):
+        if p:
+            dirs.append(Path(os.path.expanduser(p)))
+    root = os.environ.get("CARLA_ROOT")
+    if root:
+        dirs.extend(Path(root) / sub for sub in CARLA_SUBDIRS)
+    out, seen = [], set()
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def find_town_file(name: str, extra=None) -> Path | None:
+    for d in search_dirs(extra):
+        for cand in (d / f"{name}.xodr", d / name):
+            if cand.is_file():
+                return cand
+    return None
+
+
+def builtin_names() -> list[str]:
+    from .towns import BUILTIN_TOWNS
+
+    return sorted(BUILTIN_TOWNS)
+
+
+def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
+    """Resolve a town name or .xodr path and load it (cached per file and modification time)."""
+    if not town or not str(town).strip():
+        raise MapError("no town given: name a built-in town "
+                       f"({', '.join(builtin_names())}), a CARLA town such as Town02, or a .xodr path")
+    town = os.fspath(town)
+    kw = tuple(sorted(build_kw.items()))
+    if town.endswith(".xodr") or os.sep in town or os.path.isfile(town):
+        path = Path(os.path.expanduser(town))
+        if not path.is_file():
+            raise MapError(f"{path}: no such OpenDRIVE file")
+        return _load_file_cached(str(path.resolve()), path.stat().st_mtime_ns, kw)
+    if town in builtin_names():
+        return _load_builtin_cached(town, kw)
+    path = find_town_file(town, search_path)
+    if path is None:
+        searched = [str(d) for d in search_dirs(search_path)] or ["(none configured)"]
+        raise MapError(
+            f"unknown town {town!r}. Built-in towns: {', '.join(builtin_names())}. "
+            f"No {town}.xodr found in: {'; '.join(searched)}. Add a folder with `town.search_path=...`, "
+            f"${ENV_VAR}, or set $CARLA_ROOT; or pass a path to an .xodr file."
+        )
+    return _load_file_cached(str(path.resolve()), path.stat().st_mtime_ns, kw)
+
+
+@lru_cache(maxsize=16)
+def _load_file_cached(path: str, mtime_ns: int, kw: tuple) -> RoadMap:
+    from .opendrive import load_xodr_file
+
+    return load_xodr_file(path, **dict(kw))
+
+
+@lru_cache(maxsize=16)
+def _load_builtin_cached(name: str, kw: tuple) -> RoadMap:
+    from .opendrive import load_xodr_text
+    from .towns import builtin_town_xodr
+
+    return load_xodr_text(builtin_town_xodr(name), name, source=f"built-in town {name!r}", **dict(kw))

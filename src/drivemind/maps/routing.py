@@ -1,0 +1,189 @@
+"""A* routing on the lane graph, and the Route type the env and the autopilot follow.
+
+Nodes are lanes; an edge is either a successor link (cost: the successor's length) or a change to
+a same-direction neighbouring lane (cost: ``lane_change_cost`` metres), which is how a route reaches
+a turn only the other lane of a multi-lane road can make. The heuristic is the straight-line
+distance from a lane's end to the goal, which never overestimates the distance by road.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .roadmap import MapError, RoadMap
+
+
+class RouteError(MapError):
+    """No route: the goal is unreachable, or no acceptable route could be sampled."""
+
+
+LANE_CHANGE_GAP = 8.0  # metres travelled while changing lane
+
+
+@dataclass
+class Route:
+    """A lane-level route: segments ``(lane, s_from, s_to)`` and a dense polyline along them."""
+
+    segments: list[tuple[int, float, float]]
+    pts: np.ndarray  # (N, 2) polyline at ~1 m spacing
+    yaw: np.ndarray  # (N,)
+    cum: np.ndarray  # (N,) arc length from the route start
+    lanes: np.ndarray  # (N,) lane of each polyline point
+
+    @property
+    def length(self) -> float:
+        return float(self.cum[-1])
+
+    @property
+    def start(self) -> tuple[float, float, float]:
+        return float(self.pts[0, 0]), float(self.pts[0, 1]), float(self.yaw[0])
+
+    @property
+    def goal(self) -> tuple[float, float]:
+        return float(self.pts[-1, 0]), float(self.pts[-1, 1])
+
+    def lane_sequence(self) -> list[int]:
+        return [seg[0] for seg in self.segments]
+
+
+def _segments_polyline(rm: RoadMap, segments) -> Route:
+    pts, lanes = [], []
+    for lane, s0, s1 in segments:
+        if s1 - s0 < 1e-6:
+            continue
+        n = max(2, int(math.ceil((s1 - s0) / 1.0)) + 1)
+        for s in np.linspace(s0, s1, n):
+            x, y, _ = rm.pose_at(lane, s)
+            if pts and abs(pts[-1][0] - x) < 1e-6 and abs(pts[-1][1] - y) < 1e-6:
+                continue
+            pts.append((x, y))
+            lanes.append(lane)
+    if len(pts) < 2:
+        lane, s0, _ = segments[0]
+        x, y, yaw = rm.pose_at(lane, s0)
+        pts = [(x, y), (x + 0.01 * math.cos(yaw), y + 0.01 * math.sin(yaw))]
+        lanes = [lane, lane]
+    p = np.asarray(pts, float)
+    d = np.diff(p, axis=0)
+    cum = np.concatenate([[0.0], np.cumsum(np.hypot(d[:, 0], d[:, 1]))])
+    tang = np.gradient(p, axis=0) if len(p) > 2 else np.repeat(d, 2, axis=0)
+    return Route(list(segments), p, np.arctan2(tang[:, 1], tang[:, 0]), cum,
+                 np.asarray(lanes, np.int64))
+
+
+def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *,
+               lane_change_cost: float = 25.0) -> Route:
+    """Shortest route from ``(lane, s)`` to ``(lane, s)``. Raises RouteError if unreachable."""
+    l0, s0 = int(start[0]), float(start[1])
+    lg, sg = int(goal[0]), float(goal[1])
+    for lane, s, what in ((l0, s0, "start"), (lg, sg, "goal")):
+        if not 0 <= lane < rm.n_lanes:
+            raise RouteError(f"{what} lane {lane} does not exist in map {rm.name!r} "
+                             f"(it has lanes 0..{rm.n_lanes - 1})")
+        if not -1e-6 <= s <= rm.length[lane] + 1e-6:
+            raise RouteError(f"{what} s={s:.2f} is outside lane {lane} (length {rm.length[lane]:.2f} m)")
+    if l0 == lg and sg >= s0:
+        return _segments_polyline(rm, [(l0, s0, sg)])
+    gx, gy, _ = rm.pose_at(lg, sg)
+    ends = rm.pts[rm.offset[1:] - 1]
+    h = np.hypot(ends[:, 0] - gx, ends[:, 1] - gy)
+    # g[node] = cost from the start to the END of that lane. Node START is the start lane
+    # entered at s0; the start lane entered from a predecessor is the ordinary node l0.
+    START = -1
+    g = {START: rm.length[l0] - s0}
+    parent: dict[int, tuple[int, str]] = {}
+    heap = [(g[START] + h[l0], START)]
+    closed = set()
+    while heap:
+        _, node = heapq.heappop(heap)
+        if node in closed:
+            continue
+        closed.add(node)
+        lane = l0 if node == START else node
+        if lane == lg and node != START:
+            break  # popped with f = true cost (h is 0 on the goal lane in the adjusted key)
+        edges = [(int(n), rm.length[n], "succ") for n in rm.successors(lane)]
+        for nb, same in ((rm.left[lane], rm.left_same_dir[lane]), (rm.right[lane], rm.right_same_dir[lane])):
+            if nb >= 0 and same and rm.junction[lane] < 0:
+                edges.append((int(nb), lane_change_cost, "change"))
+        for nxt, cost, kind in edges:
+            if nxt == START:
+                continue
+            ng = g[node] + cost
+            if ng < g.get(nxt, math.inf):
+                g[nxt] = ng
+                parent[nxt] = (node, kind)
+                key = ng - (rm.length[nxt] - sg) if nxt == lg else ng + h[nxt]
+                heapq.heappush(heap, (key, nxt))
+    else:
+        raise RouteError(f"goal (lane {lg}, s={sg:.1f}) is unreachable from start (lane {l0}, "
+                         f"s={s0:.1f}) in map {rm.name!r}")
+    if lg not in parent:
+        raise RouteError(f"goal (lane {lg}, s={sg:.1f}) is unreachable from start (lane {l0}, "
+                         f"s={s0:.1f}) in map {rm.name!r}")
+    chain = [(lg, "end")]
+    node = lg
+    while node != START:
+        prev, kind = parent[node]
+        chain.append((prev, kind))
+        node = prev
+    chain.reverse()  # [(node, kind of edge leaving it), ...]
+    segments: list[list] = []
+    s_in = s0
+    for i, (node, kind) in enumerate(chain):
+        lane = l0 if node == START else node
+        if kind == "end":
+            segments.append([lane, s_in, sg])
+        elif kind == "succ":
+            segments.append([lane, s_in, float(rm.length[lane])])
+            s_in = 0.0
+        else:  # lane change to the next node's lane
+            nxt = chain[i + 1][0]
+            la, lb = float(rm.length[lane]), float(rm.length[nxt])
+            s_out = s_in + max(0.0, (la - s_in) / 2 - LANE_CHANGE_GAP / 2)
+            if chain[i + 1][1] == "end":  # must be on the goal lane before the goal
+                s_out = min(s_out, max(s_in, sg * la / lb - LANE_CHANGE_GAP))
+            segments.append([lane, s_in, s_out])
+            s_in = min(lb, (s_out + LANE_CHANGE_GAP) * lb / la)
+    segs = [(int(a), float(b), float(max(b, c))) for a, b, c in segments]
+    return _segments_polyline(rm, segs)
+
+
+def route_between_points(rm: RoadMap, start_xy, goal_xy, **kw) -> Route:
+    """Route between two world points, each snapped to the nearest lane facing any direction."""
+    from .spatial import nearest_lane_point
+
+    a = nearest_lane_point(rm, *start_xy)
+    b = nearest_lane_point(rm, *goal_xy)
+    return plan_route(rm, (a[0], a[1]), (b[0], b[1]), **kw)
+
+
+def random_route(rm: RoadMap, rng: np.random.Generator, *, max_length: float = 3000.0,
+                 min_length: float = 50.0, max_tries: int = 200, start: int | None = None) -> Route:
+    """A* route between two distinct random spawn points, resampled while over ``max_length``.
+
+    ``start`` fixes the start spawn index (the next route of an episode starts where the last ended).
+    """
+    n = len(rm.spawn)
+    if n < 2:
+        raise RouteError(f"map {rm.name!r} has {n} spawn point(s); a route needs two")
+    last_err = None
+    for _ in range(max_tries):
+        a = int(rng.integers(n)) if start is None else int(start)
+        b = int(rng.integers(n))
+        if a == b:
+            continue
+        try:
+            r = plan_route(rm, (rm.spawn_lane[a], rm.spawn_s[a]), (rm.spawn_lane[b], rm.spawn_s[b]))
+        except RouteError as exc:
+            last_err = exc
+            continue
+        if min_length <= r.length <= max_length:
+            return r
+    raise RouteError(f"no route between spawn points of {rm.name!r} with length in "
+                     f"[{min_length:.0f}, {max_length:.0f}] m after {max_tries} tries"
+                     + (f"; last failure: {last_err}" if last_err else ""))

@@ -1,0 +1,84 @@
+"""Nearest-lane queries on a RoadMap through a uniform grid over its centre-line points."""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from .roadmap import RoadMap
+
+CELL = 4.0
+
+
+class LaneGrid:
+    """Uniform grid of centre-line point indices (cell ``CELL`` m), built once per map."""
+
+    def __init__(self, rm: RoadMap, cell: float = CELL):
+        self.cell = float(cell)
+        self.origin = rm.bounds[:2] - 2 * cell
+        span = rm.bounds[2:] - rm.bounds[:2] + 4 * cell
+        self.shape = (int(math.ceil(span[0] / cell)) + 1, int(math.ceil(span[1] / cell)) + 1)
+        ij = np.floor((rm.pts - self.origin) / cell).astype(np.int64)
+        flat = ij[:, 0] * self.shape[1] + ij[:, 1]
+        order = np.argsort(flat, kind="stable")
+        self.items = order.astype(np.int64)
+        counts = np.bincount(flat, minlength=self.shape[0] * self.shape[1])
+        self.start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def args(self):
+        return (self.origin, self.cell, self.shape[0], self.shape[1], self.start, self.items)
+
+
+def lane_grid(rm: RoadMap) -> LaneGrid:
+    grid = getattr(rm, "_lane_grid", None)
+    if grid is None:
+        grid = LaneGrid(rm)
+        rm._lane_grid = grid
+    return grid
+
+
+@nb.njit(cache=True)
+def nearest_point(origin, cell, nx, ny, start, items, pts, yaw, x, y, qyaw, max_dyaw, radius):
+    """Index of the nearest centre-line point within ``radius`` whose heading is within
+    ``max_dyaw`` of ``qyaw`` (pass max_dyaw >= pi to ignore heading); -1 if none."""
+    ci = int((x - origin[0]) // cell)
+    cj = int((y - origin[1]) // cell)
+    r = int(radius // cell) + 1
+    best = -1
+    bd = radius * radius
+    for i in range(max(ci - r, 0), min(ci + r + 1, nx)):
+        for j in range(max(cj - r, 0), min(cj + r + 1, ny)):
+            c = i * ny + j
+            for k in range(start[c], start[c + 1]):
+                p = items[k]
+                dx = pts[p, 0] - x
+                dy = pts[p, 1] - y
+                d = dx * dx + dy * dy
+                if d < bd:
+                    if max_dyaw < math.pi:
+                        dyaw = abs((yaw[p] - qyaw + math.pi) % (2 * math.pi) - math.pi)
+                        if dyaw > max_dyaw:
+                            continue
+                    bd = d
+                    best = p
+    return best
+
+
+def nearest_lane_point(rm: RoadMap, x: float, y: float, yaw: float | None = None,
+                       max_dyaw: float = math.pi / 2, radius: float = 20.0):
+    """(lane, s, signed lateral offset [m, + to the right], distance) of the nearest lane point,
+    or None when no lane lies within ``radius``."""
+    g = lane_grid(rm)
+    p = nearest_point(*g.args(), rm.pts, rm.yaw, float(x), float(y),
+                      0.0 if yaw is None else float(yaw), 4.0 if yaw is None else max_dyaw, radius)
+    if p < 0:
+        return None
+    lane = int(rm.point_lane[p])
+    dx, dy = x - rm.pts[p, 0], y - rm.pts[p, 1]
+    c, s_ = math.cos(rm.yaw[p]), math.sin(rm.yaw[p])
+    along = dx * c + dy * s_
+    lateral = -dx * s_ + dy * c
+    s = float(np.clip(rm.s[p] + along, 0.0, rm.length[lane]))
+    return lane, s, lateral, math.hypot(dx, dy)

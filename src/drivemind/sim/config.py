@@ -1,0 +1,117 @@
+"""Configuration of the embedded simulator: world, ego vehicle, traffic, density presets."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+
+
+@dataclass(frozen=True)
+class EgoParams:
+    """Kinematic bicycle (reference point: the box centre, as CARLA's actor location)."""
+
+    length: float = 4.8
+    width: float = 2.1
+    wheelbase: float = 2.9
+    max_steer_deg: float = 40.0  # steering action 1.0 -> this front-wheel angle
+    accel_max: float = 3.5  # m/s^2 at full throttle
+    brake_max: float = 8.0  # m/s^2 at full brake
+    max_speed: float = 30.0  # m/s
+    rolling: float = 0.15  # m/s^2 rolling resistance
+    drag: float = 0.0012  # 1/m, aerodynamic term c * v^2
+
+    @property
+    def max_steer(self) -> float:
+        return math.radians(self.max_steer_deg)
+
+
+@dataclass(frozen=True)
+class TrafficParams:
+    """Background traffic: IDM car following, junction reservations, traffic lights, walkers."""
+
+    speed_limit_kmh: float = 30.0  # CARLA towns' urban limit; caps every lane
+    lateral_accel: float = 2.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane
+    idm_s0: float = 2.0  # m, standstill gap
+    idm_T: float = 1.2  # s, time headway
+    brake_max: float = 8.0  # m/s^2 emergency braking bound
+    lookahead: float = 60.0  # m along the path for leaders and stop lines
+    request_margin: float = 8.0  # m added to the braking distance when asking for a junction
+    conflict_distance: float = 2.6  # m: connectors closer than this conflict
+    signals: str = "landmarks"  # landmarks | all | none: which junctions get traffic lights
+    green: float = 10.0  # s (CARLA's default light timings)
+    yellow: float = 3.0
+    all_red: float = 2.0
+    walker_speed: tuple[float, float] = (0.8, 1.5)  # m/s (DriveVLM-RL)
+    walker_wait: tuple[float, float] = (4.0, 20.0)  # s on the kerb between crossings
+    walker_midblock: float = 0.2  # share of walkers crossing mid-block rather than at junctions
+    walker_clear_dist: float = 15.0  # m: a walker waits while a vehicle is closer than this ...
+    walker_clear_time: float = 3.0  # ... plus its speed times this
+    spawn_gap: float = 12.0  # m between spawned vehicles (and from the ego)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    dt: float = 0.1
+    vehicles: int = 0  # cars
+    walkers: int = 0
+    motorcycles: int = 0
+    bicycles: int = 0
+    offroad_margin: float | None = 2.0  # m beyond a lane edge counted as a static collision
+    ego: EgoParams = field(default_factory=EgoParams)
+    traffic: TrafficParams = field(default_factory=TrafficParams)
+
+    def __post_init__(self):
+        if not (math.isfinite(self.dt) and 0.0 < self.dt <= 1.0):
+            raise ValueError(f"sim dt must be in (0, 1] seconds, got {self.dt}")
+        for name in ("vehicles", "walkers", "motorcycles", "bicycles"):
+            val = getattr(self, name)
+            if not isinstance(val, int) or val < 0:
+                raise ValueError(f"sim {name} must be a non-negative integer, got {val!r}")
+        if self.traffic.signals not in ("landmarks", "all", "none"):
+            raise ValueError(f"traffic.signals must be one of landmarks, all, none; got "
+                             f"{self.traffic.signals!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SimConfig":
+        d = dict(d or {})
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown sim option(s) {sorted(unknown)}; valid: "
+                             f"{sorted(f.name for f in fields(cls))}")
+        if isinstance(d.get("ego"), dict):
+            d["ego"] = _sub(EgoParams, d["ego"], "ego")
+        if isinstance(d.get("traffic"), dict):
+            t = dict(d["traffic"])
+            for k in ("walker_speed", "walker_wait"):
+                if k in t:
+                    t[k] = tuple(t[k])
+            d["traffic"] = _sub(TrafficParams, t, "traffic")
+        return cls(**d)
+
+
+def _sub(klass, d, what):
+    unknown = set(d) - {f.name for f in fields(klass)}
+    if unknown:
+        raise ValueError(f"unknown sim.{what} option(s) {sorted(unknown)}; valid: "
+                         f"{sorted(f.name for f in fields(klass))}")
+    return klass(**d)
+
+
+# Traffic densities of the papers: empty 0, regular 20, dense 40 vehicles (VLM-RL, DriveMind);
+# DriveVLM-RL adds 20 walkers, 20 motorcycles and 20 bicycles to 20 vehicles.
+DENSITIES: dict[str, dict] = {
+    "empty": dict(vehicles=0, walkers=0, motorcycles=0, bicycles=0),
+    "regular": dict(vehicles=20, walkers=0, motorcycles=0, bicycles=0),
+    "dense": dict(vehicles=40, walkers=0, motorcycles=0, bicycles=0),
+    "drivevlm": dict(vehicles=20, walkers=20, motorcycles=20, bicycles=20),
+}
+
+
+def density_config(name: str, base: SimConfig | None = None, **overrides) -> SimConfig:
+    """SimConfig for a density preset; unknown names list the valid ones."""
+    if name not in DENSITIES:
+        raise ValueError(f"unknown density {name!r}; valid: {', '.join(DENSITIES)}")
+    return replace(base or SimConfig(), **{**DENSITIES[name], **overrides})

@@ -1,0 +1,495 @@
+"""Compiled inner loops of the embedded simulator (numba, cached on disk after the first run).
+
+Each function is a plain loop over arrays so that one world step costs tens of microseconds.
+They are deterministic: all randomness comes in as arrays drawn from the world's Generator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+INF = 1e9
+
+
+@nb.njit(cache=True, inline="always")
+def lane_pose(offset, ds, length, pts, yaw, lane, s):
+    if s < 0.0:
+        s = 0.0
+    if s > length[lane]:
+        s = length[lane]
+    n = offset[lane + 1] - offset[lane]
+    f = s / ds[lane] if ds[lane] > 0 else 0.0
+    i = int(f)
+    if i > n - 2:
+        i = n - 2
+    t = f - i
+    a = offset[lane] + i
+    x = pts[a, 0] * (1.0 - t) + pts[a + 1, 0] * t
+    y = pts[a, 1] * (1.0 - t) + pts[a + 1, 1] * t
+    return x, y, yaw[a]
+
+
+@nb.njit(cache=True)
+def poses(offset, ds, length, pts, yaw, lanes, s, out_xy, out_yaw):
+    for i in range(lanes.shape[0]):
+        x, y, h = lane_pose(offset, ds, length, pts, yaw, lanes[i], s[i])
+        out_xy[i, 0] = x
+        out_xy[i, 1] = y
+        out_yaw[i] = h
+
+
+@nb.njit(cache=True, inline="always")
+def obb_overlap(x1, y1, c1, s1, l1, w1, x2, y2, c2, s2, l2, w2):
+    """Separating-axis test for two oriented boxes (centre, cos/sin of yaw, half length/width)."""
+    dx = x2 - x1
+    dy = y2 - y1
+    # axes of box 1
+    for k in range(4):
+        if k == 0:
+            ax, ay = c1, s1
+        elif k == 1:
+            ax, ay = -s1, c1
+        elif k == 2:
+            ax, ay = c2, s2
+        else:
+            ax, ay = -s2, c2
+        r1 = l1 * abs(c1 * ax + s1 * ay) + w1 * abs(-s1 * ax + c1 * ay)
+        r2 = l2 * abs(c2 * ax + s2 * ay) + w2 * abs(-s2 * ax + c2 * ay)
+        if abs(dx * ax + dy * ay) > r1 + r2:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def overlaps_with(x, y, yaw, hl, hw, pos, ayaw, ext, out):
+    """Indices of boxes in (pos, ayaw, ext) overlapping the box (x, y, yaw, hl, hw); count returned."""
+    c = math.cos(yaw)
+    s = math.sin(yaw)
+    r = math.hypot(hl, hw)
+    n = 0
+    for j in range(pos.shape[0]):
+        dx = pos[j, 0] - x
+        dy = pos[j, 1] - y
+        rr = r + math.hypot(ext[j, 0], ext[j, 1])
+        if dx * dx + dy * dy > rr * rr:
+            continue
+        if obb_overlap(x, y, c, s, hl, hw, pos[j, 0], pos[j, 1], math.cos(ayaw[j]), math.sin(ayaw[j]),
+                       ext[j, 0], ext[j, 1]):
+            out[n] = j
+            n += 1
+    return n
+
+
+@nb.njit(cache=True)
+def pairwise_overlaps(pos, ayaw, ext, skip_cls, cls, out):
+    """All overlapping pairs (i < j) among boxes, except pairs where both have class skip_cls.
+    Writes pairs as i * N + j into out; returns the count."""
+    n = pos.shape[0]
+    cnt = 0
+    for i in range(n):
+        ri = math.hypot(ext[i, 0], ext[i, 1])
+        ci = math.cos(ayaw[i])
+        si = math.sin(ayaw[i])
+        for j in range(i + 1, n):
+            if cls[i] == skip_cls and cls[j] == skip_cls:
+                continue
+            dx = pos[j, 0] - pos[i, 0]
+            dy = pos[j, 1] - pos[i, 1]
+            rr = ri + math.hypot(ext[j, 0], ext[j, 1])
+            if dx * dx + dy * dy > rr * rr:
+                continue
+            if obb_overlap(pos[i, 0], pos[i, 1], ci, si, ext[i, 0], ext[i, 1], pos[j, 0], pos[j, 1],
+                           math.cos(ayaw[j]), math.sin(ayaw[j]), ext[j, 0], ext[j, 1]):
+                if cnt < out.shape[0]:
+                    out[cnt] = i * n + j
+                cnt += 1
+    return cnt
+
+
+@nb.njit(cache=True)
+def light_states(t, jn_offset, jn_groups, green, yellow, allred, out):
+    """State of every light: junction k cycles its groups one at a time (green, yellow, all-red)."""
+    slot = green + yellow + allred
+    for k in range(jn_groups.shape[0]):
+        g = jn_groups[k]
+        if g == 0:
+            continue
+        tm = (t + jn_offset[k]) % (slot * g)
+        active = int(tm // slot)
+        ph = tm - active * slot
+        base = 0
+        for q in range(k):
+            base += jn_groups[q]
+        for q in range(g):
+            if q != active:
+                out[base + q] = 2
+            elif ph < green:
+                out[base + q] = 0
+            elif ph < green + yellow:
+                out[base + q] = 1
+            else:
+                out[base + q] = 2
+
+
+@nb.njit(cache=True)
+def _corridor_gap(offset, ds, length, pts, yaw, path, s_i, hl, hw, obs, obs_r, lookahead, step):
+    """Distance (bumper to obstacle edge) to the first obstacle circle within the vehicle's
+    corridor along its lane path; INF if none. obs: (M, 2) centres, obs_r: (M,) radii."""
+    best = INF
+    m = obs.shape[0]
+    if m == 0:
+        return best
+    d = 0.0
+    k = 0
+    s = s_i
+    while d <= lookahead and k < path.shape[0] and path[k] >= 0:
+        lane = path[k]
+        x, y, _ = lane_pose(offset, ds, length, pts, yaw, lane, s)
+        for j in range(m):
+            dx = obs[j, 0] - x
+            dy = obs[j, 1] - y
+            lim = hw + obs_r[j] + 0.4
+            if d >= hl and dx * dx + dy * dy < lim * lim:  # beside or behind: not ours to yield to
+                g = d - hl - obs_r[j]
+                if g < best:
+                    best = g
+        if best < INF:
+            return best
+        d += step
+        s += step
+        while k < path.shape[0] and path[k] >= 0 and s > length[path[k]]:
+            s -= length[path[k]]
+            k += 1
+    return best
+
+
+@nb.njit(cache=True)
+def traffic_step(
+    dt, t,
+    # map
+    offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax,
+    # vehicles (modified in place)
+    lane, s, v, acc, path, grant, wait, hl, hw, vdes, amax, bcomf,
+    # lights
+    light_state,
+    # ego and walkers as obstacles
+    ego_xy, ego_r, ego_lane, ego_s, walker_xy, walker_on_road,
+    rnd,
+    # params
+    s0, T, bmax, lookahead, req_extra,
+    # outputs
+    xy, heading,
+):
+    n = lane.shape[0]
+    K = path.shape[1]
+    # ---- pass 1: next junction connector and whether each vehicle must ask for it
+    nxt_c = np.full(n, -1, np.int64)
+    nxt_k = np.full(n, -1, np.int64)
+    dstop = np.full(n, INF)
+    light_block = np.zeros(n, np.bool_)
+    for i in range(n):
+        cum = -s[i]
+        for k in range(K):
+            l = path[i, k]
+            if l < 0:
+                break
+            if k > 0 and junction[l] >= 0 and junction[path[i, k - 1]] < 0:
+                nxt_c[i] = l
+                nxt_k[i] = k
+                dstop[i] = cum
+                inc = path[i, k - 1]
+                li = lane_light[inc]
+                if li >= 0 and grant[i] != l:
+                    st = light_state[li]
+                    if st == 2:
+                        light_block[i] = True
+                    elif st == 1 and cum > v[i] * v[i] / (2.0 * bcomf[i]) + 1.0:
+                        light_block[i] = True
+                break
+            cum += length[l]
+            if cum > lookahead:
+                break
+    # ---- pass 2: grant junction connectors, longest-waiting first
+    req = np.empty(n, np.int64)
+    nr = 0
+    for i in range(n):
+        c = nxt_c[i]
+        if c >= 0 and grant[i] != c and not light_block[i]:
+            if dstop[i] < v[i] * v[i] / (2.0 * bcomf[i]) + req_extra:
+                # only the first vehicle of the approach may ask (a granted vehicle stuck behind
+                # an ungranted one would block it for good)
+                first = True
+                for j in range(n):
+                    if j == i:
+                        continue
+                    for k in range(nxt_k[i]):
+                        if lane[j] == path[i, k] and (k > 0 or s[j] > s[i]):
+                            first = False
+                            break
+                    if not first:
+                        break
+                if first:
+                    req[nr] = i
+                    nr += 1
+    if nr > 0:
+        keys = np.empty(nr)
+        for q in range(nr):
+            keys[q] = -wait[req[q]] * 1000.0 + dstop[req[q]]
+        order = np.argsort(keys)
+        for q in range(nr):
+            i = req[order[q]]
+            c = nxt_c[i]
+            ok = True
+            for j in range(n):
+                if j == i:
+                    continue
+                lj = lane[j]
+                if junction[lj] >= 0 and conflict[c, lj]:
+                    ok = False
+                    break
+                gj = grant[j]
+                if gj >= 0 and conflict[c, gj]:
+                    ok = False
+                    break
+            if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
+                ok = False
+            if ok:
+                # the connector must not pass through the ego
+                a = offset[c]
+                b = offset[c + 1]
+                for p in range(a, b, 2):
+                    dx = pts[p, 0] - ego_xy[0]
+                    dy = pts[p, 1] - ego_xy[1]
+                    lim = ego_r + hw[i] + 1.0
+                    if dx * dx + dy * dy < lim * lim:
+                        ok = False
+                        break
+            if ok:
+                # room on the exit lane for this vehicle, counting those already granted into it
+                k = nxt_k[i]
+                if k + 1 < K and path[i, k + 1] >= 0:
+                    e = path[i, k + 1]
+                    free = length[e]
+                    for j in range(n):
+                        if j == i:
+                            continue
+                        if lane[j] == e and s[j] - hl[j] < free:
+                            free = s[j] - hl[j]
+                    for j in range(n):
+                        if j == i or grant[j] < 0:
+                            continue
+                        if lane[j] != e:
+                            for kk in range(K - 1):
+                                if path[j, kk] == grant[j] and path[j, kk + 1] == e:
+                                    free -= 2.0 * hl[j] + s0
+                                    break
+                    if ego_lane == e and ego_s - ego_r < free:
+                        free = ego_s - ego_r
+                    if free < 2.0 * hl[i] + s0 + 1.0:
+                        ok = False
+            if ok:
+                grant[i] = c
+                wait[i] = 0.0
+    # ---- pass 3: IDM acceleration
+    for i in range(n):
+        gap = INF
+        vl = 0.0
+        # leader along the lane path
+        cum = -s[i]
+        for k in range(K):
+            l = path[i, k]
+            if l < 0 or cum > lookahead:
+                break
+            for j in range(n):
+                if j == i or lane[j] != l:
+                    continue
+                if k == 0 and s[j] <= s[i]:
+                    continue
+                g = cum + s[j] - hl[j] - hl[i]
+                if g < gap:
+                    gap = g
+                    vl = v[j]
+            if gap < INF:
+                break
+            cum += length[l]
+        # the ego on the path (by its lane) and by geometry
+        if ego_lane >= 0:
+            cum = -s[i]
+            for k in range(K):
+                l = path[i, k]
+                if l < 0 or cum > lookahead:
+                    break
+                if l == ego_lane and (k > 0 or ego_s > s[i]):
+                    g = cum + ego_s - ego_r - hl[i]
+                    if g < gap:
+                        gap = g
+                        vl = 0.0
+                    break
+                cum += length[l]
+        dx = ego_xy[0] - xy[i, 0]
+        dy = ego_xy[1] - xy[i, 1]
+        if dx * dx + dy * dy < (lookahead * 0.5) ** 2:
+            eo = np.empty((1, 2))
+            eo[0, 0] = ego_xy[0]
+            eo[0, 1] = ego_xy[1]
+            er = np.empty(1)
+            er[0] = ego_r
+            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], eo, er,
+                              lookahead * 0.5, 1.0)
+            if g < gap:
+                gap = g
+                vl = 0.0
+        # walkers on the road
+        nw = 0
+        for w in range(walker_xy.shape[0]):
+            if walker_on_road[w]:
+                dx = walker_xy[w, 0] - xy[i, 0]
+                dy = walker_xy[w, 1] - xy[i, 1]
+                if dx * dx + dy * dy < (lookahead * 0.6) ** 2:
+                    nw += 1
+        if nw > 0:
+            wo = np.empty((nw, 2))
+            wr = np.empty(nw)
+            q = 0
+            for w in range(walker_xy.shape[0]):
+                if walker_on_road[w]:
+                    dx = walker_xy[w, 0] - xy[i, 0]
+                    dy = walker_xy[w, 1] - xy[i, 1]
+                    if dx * dx + dy * dy < (lookahead * 0.6) ** 2:
+                        wo[q, 0] = walker_xy[w, 0]
+                        wo[q, 1] = walker_xy[w, 1]
+                        wr[q] = 0.6
+                        q += 1
+            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], wo, wr,
+                              lookahead * 0.6, 1.0)
+            if g < gap:
+                gap = g
+                vl = 0.0
+        # stop line: red light, or a junction not (yet) granted
+        if nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
+            g = dstop[i] - hl[i] - 0.5
+            if g < gap:
+                gap = g
+                vl = 0.0
+        # desired speed: class speed capped by this lane's and the next lane's curvature limit
+        v0 = vdes[i]
+        if lane_vmax[lane[i]] < v0:
+            v0 = lane_vmax[lane[i]]
+        if K > 1 and path[i, 1] >= 0 and length[lane[i]] - s[i] < 20.0:
+            if lane_vmax[path[i, 1]] < v0:
+                v0 = lane_vmax[path[i, 1]]
+        a = amax[i]
+        b = bcomf[i]
+        free = 1.0 - (v[i] / max(v0, 0.1)) ** 4
+        inter = 0.0
+        if gap < INF:
+            ss = s0 + max(0.0, v[i] * T + v[i] * (v[i] - vl) / (2.0 * math.sqrt(a * b)))
+            inter = (ss / max(gap, 0.05)) ** 2
+        ai = a * (free - inter)
+        if ai < -bmax:
+            ai = -bmax
+        if gap < 0.3 and ai > 0.0:
+            ai = 0.0
+        acc[i] = ai
+        if v[i] < 0.3 and nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
+            wait[i] += dt
+    # ---- pass 4: integrate, move along lanes, release grants
+    for i in range(n):
+        nv = v[i] + acc[i] * dt
+        if nv < 0.0:
+            nv = 0.0
+        s[i] += 0.5 * (v[i] + nv) * dt
+        v[i] = nv
+        while s[i] > length[lane[i]] and path[i, 1] >= 0:
+            s[i] -= length[lane[i]]
+            for k in range(K - 1):
+                path[i, k] = path[i, k + 1]
+            last = path[i, K - 2]
+            ns = 0
+            for q in range(succ.shape[1]):
+                if succ[last, q] >= 0:
+                    ns += 1
+            if ns > 0:
+                path[i, K - 1] = succ[last, min(int(rnd[i] * ns), ns - 1)]
+            else:
+                path[i, K - 1] = -1
+            lane[i] = path[i, 0]
+        if s[i] > length[lane[i]]:
+            s[i] = length[lane[i]]
+            v[i] = 0.0
+        if grant[i] >= 0 and lane[i] != grant[i]:
+            # released once the vehicle is on a lane past its granted connector
+            still_ahead = False
+            for k in range(K):
+                if path[i, k] == grant[i]:
+                    still_ahead = True
+                    break
+            if not still_ahead:
+                grant[i] = -1
+        x, y, h = lane_pose(offset, ds, length, pts, yaw, lane[i], s[i])
+        xy[i, 0] = x
+        xy[i, 1] = y
+        heading[i] = h
+
+
+@nb.njit(cache=True)
+def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh_yaw, veh_ext,
+                 clear_time, clear_dist, wait_lo, wait_hi, rnd):
+    """Walkers cross the road between a and b (ping-pong) when no vehicle is near; they stand on
+    the kerb between crossings, and while crossing they stop rather than step into a vehicle.
+    state: 0 waiting, 1 crossing."""
+    for w in range(pos.shape[0]):
+        if state[w] == 0:
+            timer[w] -= dt
+            if timer[w] > 0.0:
+                continue
+            # gap acceptance: every vehicle is far from the crossing, or slow and not close
+            mx = 0.5 * (a[w, 0] + b[w, 0])
+            my = 0.5 * (a[w, 1] + b[w, 1])
+            half = 0.5 * math.hypot(b[w, 0] - a[w, 0], b[w, 1] - a[w, 1])
+            clear = True
+            for j in range(veh_xy.shape[0]):
+                d = math.hypot(veh_xy[j, 0] - mx, veh_xy[j, 1] - my) - half
+                if d < clear_dist + veh_v[j] * clear_time:
+                    clear = False
+                    break
+            if clear:
+                state[w] = 1
+            else:
+                timer[w] = 0.5
+        else:
+            dx = b[w, 0] - pos[w, 0]
+            dy = b[w, 1] - pos[w, 1]
+            d = math.hypot(dx, dy)
+            step = speed[w] * dt
+            if d <= step:
+                pos[w, 0] = b[w, 0]
+                pos[w, 1] = b[w, 1]
+                # turn round: next crossing goes back
+                for k in range(2):
+                    tmp = a[w, k]
+                    a[w, k] = b[w, k]
+                    b[w, k] = tmp
+                state[w] = 0
+                timer[w] = wait_lo + (wait_hi - wait_lo) * rnd[w]
+            else:
+                # one metre ahead must be clear of every vehicle box (grown by 0.5 m)
+                px = pos[w, 0] + dx / d * 1.0
+                py = pos[w, 1] + dy / d * 1.0
+                blocked = False
+                for j in range(veh_xy.shape[0]):
+                    ex = px - veh_xy[j, 0]
+                    ey = py - veh_xy[j, 1]
+                    c = math.cos(veh_yaw[j])
+                    sn = math.sin(veh_yaw[j])
+                    if (abs(ex * c + ey * sn) < veh_ext[j, 0] + 0.5
+                            and abs(-ex * sn + ey * c) < veh_ext[j, 1] + 0.5):
+                        blocked = True
+                        break
+                heading[w] = math.atan2(dy, dx)
+                if not blocked:
+                    pos[w, 0] += dx / d * step
+                    pos[w, 1] += dy / d * step

@@ -1,0 +1,162 @@
+"""Per-map tables the traffic model needs, computed once per RoadMap and cached on it:
+junction conflict matrix, curvature speed limits, traffic-light groups, walker crossing sites."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..maps.roadmap import RoadMap
+
+
+def conflict_matrix(rm: RoadMap, dist: float) -> np.ndarray:
+    """conflict[a, b]: junction lanes a and b (same junction, a != b) come within ``dist`` m."""
+    L = rm.n_lanes
+    out = np.zeros((L, L), np.bool_)
+    for j in rm.junction_ids:
+        lanes = np.flatnonzero(rm.junction == j)
+        P = [rm.lane_points(a) for a in lanes]
+        for ia in range(len(lanes)):
+            for ib in range(ia + 1, len(lanes)):
+                pa, pb = P[ia], P[ib]
+                d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
+                if d2.min() < dist * dist:
+                    out[lanes[ia], lanes[ib]] = out[lanes[ib], lanes[ia]] = True
+    return out
+
+
+def lane_speed_limits(rm: RoadMap, limit: float, lat_accel: float) -> np.ndarray:
+    """Per lane: min(limit, sqrt(lat_accel / max curvature)), curvature over a 3 m window."""
+    out = np.full(rm.n_lanes, limit)
+    for lane in range(rm.n_lanes):
+        a, b = rm.offset[lane], rm.offset[lane + 1]
+        yaw = np.unwrap(rm.yaw[a:b])
+        w = max(1, int(round(3.0 / max(rm.ds[lane], 1e-3))))
+        if len(yaw) > w:
+            kappa = np.abs(yaw[w:] - yaw[:-w]) / (w * rm.ds[lane])
+            k = float(kappa.max())
+            if k > 1e-4:
+                out[lane] = min(limit, float(np.sqrt(lat_accel / k)))
+    return np.maximum(out, 2.0)
+
+
+@dataclass
+class LightTable:
+    lane_light: np.ndarray  # (L,) light index controlling the end of this lane, -1 if none
+    junction_groups: np.ndarray  # (J',) number of lights per signalised junction
+    junction_of_light: np.ndarray  # (M,) junction id
+    pos: np.ndarray  # (M, 2)
+    yaw: np.ndarray  # (M,)
+    stop_lines: list  # per light: (k, 2, 2) segments across the controlled lanes' ends
+    signalised: np.ndarray  # junction ids
+
+
+def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0) -> LightTable:
+    """Traffic lights: every incoming road of a signalised junction gets one light.
+
+    A junction is signalised if ``mode == 'all'`` and it has 3+ incoming roads, or if
+    ``mode == 'landmarks'`` and a traffic-light signal of the map lies within ``landmark_radius``
+    of it. Lights of one junction turn green one incoming road at a time.
+    """
+    L = rm.n_lanes
+    lane_light = np.full(L, -1, np.int64)
+    incoming: dict[int, dict[int, list[int]]] = {}
+    for lane in range(L):
+        if rm.junction[lane] >= 0:
+            continue
+        for n in rm.successors(lane):
+            j = int(rm.junction[n])
+            if j >= 0:
+                incoming.setdefault(j, {}).setdefault(rm.keys[lane][0], []).append(lane)
+                break
+    lm = np.array([[m.x, m.y] for m in rm.light_landmarks]).reshape(-1, 2)
+    groups, jof, pos, yaw, lines, sig = [], [], [], [], [], []
+    for k, j in enumerate(rm.junction_ids):
+        roads = incoming.get(int(j), {})
+        if mode == "none" or not roads:
+            continue
+        if mode == "all":
+            if len(roads) < 3:
+                continue
+        else:
+            x0, y0, x1, y1 = rm.junction_bbox[k]
+            dx = np.maximum(0, np.maximum(x0 - lm[:, 0], lm[:, 0] - x1))
+            dy = np.maximum(0, np.maximum(y0 - lm[:, 1], lm[:, 1] - y1))
+            if not len(lm) or np.hypot(dx, dy).min() > landmark_radius:
+                continue
+        sig.append(int(j))
+        groups.append(len(roads))
+        for road in sorted(roads):
+            idx = len(jof)
+            jof.append(int(j))
+            segs = []
+            for lane in roads[road]:
+                lane_light[lane] = idx
+                e = rm.offset[lane + 1] - 1
+                c, h, w = rm.pts[e], rm.yaw[e], rm.width[e] / 2
+                nrm = np.array([-np.sin(h), np.cos(h)])
+                segs.append([c - nrm * w, c + nrm * w])
+            segs = np.array(segs)
+            lines.append(segs)
+            pos.append(segs.reshape(-1, 2).mean(0))
+            e = rm.offset[roads[road][0] + 1] - 1
+            yaw.append(float(rm.yaw[e]))
+    return LightTable(lane_light, np.array(groups, np.int64), np.array(jof, np.int64),
+                      np.array(pos, float).reshape(-1, 2), np.array(yaw, float), lines,
+                      np.array(sig, np.int64))
+
+
+def crossing_sites(rm: RoadMap) -> tuple[np.ndarray, np.ndarray]:
+    """Places where walkers cross: (sites (S, 2, 2) kerb-to-kerb segments, at_junction (S,) bool).
+
+    One site where each road meets a junction (a crosswalk) and one mid-block on long roads.
+    A site spans every lane of the road, found geometrically (parallel or anti-parallel lane
+    points beside the anchor), and ends 1 m beyond the outer lane edges.
+    """
+    anchors = []
+    for lane in range(rm.n_lanes):
+        if rm.junction[lane] >= 0:
+            continue
+        to_junction = any(rm.junction[n] >= 0 for n in rm.successors(lane))
+        if to_junction and rm.length[lane] > 8.0:
+            anchors.append((lane, rm.length[lane] - 4.0, True))
+        if rm.length[lane] > 40.0:
+            anchors.append((lane, rm.length[lane] / 2, False))
+    nonj = rm.junction[rm.point_lane] < 0
+    P, Y, W = rm.pts[nonj], rm.yaw[nonj], rm.width[nonj]
+    sites, at_j, mids = [], [], []
+    for lane, s, isj in anchors:
+        x, y, h = rm.pose_at(lane, s)
+        t = np.array([np.cos(h), np.sin(h)])
+        n = np.array([-np.sin(h), np.cos(h)])
+        d = P - [x, y]
+        near = (np.abs(d @ t) < 0.8) & (np.abs(d @ n) < 20.0) & (np.abs(np.cos(Y - h)) > 0.9)
+        if not near.any():
+            continue
+        o = d[near] @ n
+        lo = float((o - W[near] / 2).min()) - 1.0
+        hi = float((o + W[near] / 2).max()) + 1.0
+        mid = np.array([x, y]) + n * (lo + hi) / 2
+        if any(np.hypot(*(mid - m)) < 4.0 for m in mids):
+            continue
+        mids.append(mid)
+        sites.append([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
+        at_j.append(isj)
+    return np.array(sites, float).reshape(-1, 2, 2), np.array(at_j, bool)
+
+
+def traffic_tables(rm: RoadMap, traffic) -> dict:
+    """All tables for a TrafficParams, cached on the RoadMap per relevant parameters."""
+    cache = rm.__dict__.setdefault("_traffic_tables", {})
+    key = (traffic.conflict_distance, traffic.speed_limit_kmh, traffic.lateral_accel, traffic.signals)
+    if key not in cache:
+        sites, at_j = crossing_sites(rm)
+        cache[key] = dict(
+            conflict=conflict_matrix(rm, traffic.conflict_distance),
+            vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
+            lights=light_table(rm, traffic.signals),
+            sites=sites,
+            site_at_junction=at_j,
+        )
+    return cache[key]

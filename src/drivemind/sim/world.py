@@ -1,0 +1,323 @@
+"""The embedded ("lite") backend: one fixed step at a time on a RoadMap, returning WorldSnapshots.
+
+    world = LiteWorld(load_town("Town02"), density_config("dense"))
+    snap = world.reset(seed=0)
+    snap = world.step((steer, throttle_brake))
+
+Ego: kinematic bicycle. Background vehicles (cars, motorcycles, bicycles): IDM along lane paths
+with random turns, junction reservations (a connector is entered only when no conflicting
+connector is occupied or reserved and the exit has room), and traffic lights that give one
+incoming road green at a time. Walkers cross at junctions and mid-block with gap acceptance.
+The same seed gives the same trajectories.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..maps.roadmap import RoadMap
+from ..maps.spatial import lane_grid, nearest_point
+from . import kernels as K
+from .config import SimConfig
+from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
+                       WorldSnapshot)
+from .tables import traffic_tables
+
+PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
+
+# per class: half length, half width, desired speed range (m/s), max accel, comfortable decel
+CLASS_PARAMS = {
+    ActorClass.CAR: ((2.15, 2.45), (0.9, 1.0), (7.0, 9.5), 2.0, 3.0),
+    ActorClass.MOTORCYCLE: ((1.05, 1.15), (0.4, 0.5), (7.0, 9.5), 3.0, 3.5),
+    ActorClass.BICYCLE: ((0.85, 0.95), (0.3, 0.4), (3.5, 5.5), 1.0, 2.0),
+}
+WALKER_EXTENT = (0.3, 0.3)
+
+
+def validate_action(action) -> tuple[float, float]:
+    """(steer, throttle_brake) as floats; raises ValueError on bad shape, NaN/inf or |a| > 1."""
+    try:
+        a = np.asarray(action, dtype=float).reshape(-1)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"action must be two numbers (steer, throttle_brake), got {action!r}") from exc
+    if a.shape != (2,):
+        raise ValueError(f"action must have 2 values (steer, throttle_brake), got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"action contains a non-finite value: {a.tolist()}; check the policy output")
+    if np.any(np.abs(a) > 1.0 + 1e-6):
+        raise ValueError(f"action {a.tolist()} is outside [-1, 1]^2; clip it (the Gymnasium env does)")
+    return float(a[0]), float(a[1])
+
+
+class LiteWorld:
+    backend = "lite"
+
+    def __init__(self, roadmap: RoadMap, config: SimConfig | None = None):
+        self.map = roadmap
+        self.cfg = config or SimConfig()
+        tp = self.cfg.traffic
+        tab = traffic_tables(roadmap, tp)
+        self.conflict = tab["conflict"]
+        self.lane_vmax = tab["vmax"]
+        self.lights = tab["lights"]
+        self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
+        self._grid = lane_grid(roadmap)
+        self._m = (roadmap.offset, roadmap.ds, roadmap.length, roadmap.pts, roadmap.yaw)
+        self.frame = 0
+        self.time = 0.0
+        self.rng = np.random.default_rng(0)
+        self._ego_contacts: set[int] = set()
+        self._npc_contacts: set[int] = set()
+        self._static_contact = False
+        self.npc_collision_total = 0
+        self.spawned = dict(vehicles=0, motorcycles=0, bicycles=0, walkers=0)
+
+    # ------------------------------------------------------------------ reset
+    def reset(self, seed: int | None = None, ego_pose=None, ego_speed: float = 0.0) -> WorldSnapshot:
+        """Start a new episode. ``ego_pose``: None (random spawn point), a spawn-point index, or
+        (x, y, yaw). Background actors spawn at random spawn points away from the ego."""
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        rm, rng, cfg = self.map, self.rng, self.cfg
+        self.frame, self.time = 0, 0.0
+        if ego_pose is None:
+            ego_pose = int(rng.integers(len(rm.spawn)))
+        if isinstance(ego_pose, (int, np.integer)):
+            if not 0 <= ego_pose < len(rm.spawn):
+                raise ValueError(f"spawn index {ego_pose} out of range 0..{len(rm.spawn) - 1}")
+            ego_pose = tuple(rm.spawn[ego_pose])
+        x, y, yaw = (float(v) for v in ego_pose)
+        if not all(math.isfinite(v) for v in (x, y, yaw)):
+            raise ValueError(f"ego pose must be finite, got {ego_pose}")
+        self.ego = dict(x=x, y=y, yaw=yaw, v=float(ego_speed), yaw_rate=0.0, accel=0.0, steer=0.0,
+                        throttle=0.0, brake=0.0)
+        self._spawn_vehicles()
+        self._spawn_walkers()
+        self.light_offset = rng.uniform(0, 60.0, size=len(self.lights.junction_groups))
+        self.light_state = np.zeros(len(self.lights.junction_of_light), np.int64)
+        self._update_lights()
+        self._ego_contacts.clear()
+        self._npc_contacts.clear()
+        self._static_contact = False
+        self.npc_collision_total = 0
+        return self._snapshot([], 0)
+
+    def _spawn_vehicles(self):
+        rm, rng, cfg = self.map, self.rng, self.cfg
+        want = ([ActorClass.CAR] * cfg.vehicles + [ActorClass.MOTORCYCLE] * cfg.motorcycles
+                + [ActorClass.BICYCLE] * cfg.bicycles)
+        order = rng.permutation(len(rm.spawn))
+        taken = [np.array([self.ego["x"], self.ego["y"]])]
+        chosen = []
+        gap = cfg.traffic.spawn_gap
+        for idx in order:
+            if len(chosen) == len(want):
+                break
+            p = rm.spawn[idx, :2]
+            if all(np.hypot(*(p - q)) >= gap for q in taken):
+                chosen.append(idx)
+                taken.append(p)
+        want = want[:len(chosen)]  # as many as the map has room for (like CARLA's spawn points)
+        n = len(want)
+        self.spawned = dict(vehicles=want.count(ActorClass.CAR),
+                            motorcycles=want.count(ActorClass.MOTORCYCLE),
+                            bicycles=want.count(ActorClass.BICYCLE), walkers=0)
+        self.v_cls = np.array([int(c) for c in want], np.int8)
+        self.v_lane = rm.spawn_lane[chosen].astype(np.int64) if n else np.zeros(0, np.int64)
+        self.v_s = rm.spawn_s[chosen].astype(float) if n else np.zeros(0)
+        self.v_v = np.zeros(n)
+        self.v_acc = np.zeros(n)
+        self.v_grant = np.full(n, -1, np.int64)
+        self.v_wait = np.zeros(n)
+        self.v_hl, self.v_hw, self.v_vdes = np.zeros(n), np.zeros(n), np.zeros(n)
+        self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
+        for i, c in enumerate(want):
+            hl, hw, vd, a, b = CLASS_PARAMS[c]
+            self.v_hl[i], self.v_hw[i] = rng.uniform(*hl), rng.uniform(*hw)
+            self.v_vdes[i], self.v_amax[i], self.v_b[i] = rng.uniform(*vd), a, b
+        self.v_path = np.full((n, PATH_LEN), -1, np.int64)
+        for i in range(n):
+            lane = int(self.v_lane[i])
+            self.v_path[i, 0] = lane
+            for k in range(1, PATH_LEN):
+                nxt = rm.successors(lane)
+                if len(nxt) == 0:
+                    break
+                lane = int(nxt[rng.integers(len(nxt))])
+                self.v_path[i, k] = lane
+        self.v_id = np.arange(1, n + 1, dtype=np.int64)
+        self.v_xy = np.zeros((n, 2))
+        self.v_yaw = np.zeros(n)
+        K.poses(*self._m, self.v_lane, self.v_s, self.v_xy, self.v_yaw)
+
+    def _spawn_walkers(self):
+        rng, cfg = self.rng, self.cfg
+        W = cfg.walkers if len(self.sites) else 0
+        self.spawned["walkers"] = W
+        self.w_a = np.zeros((W, 2))
+        self.w_b = np.zeros((W, 2))
+        if W:
+            atj = np.flatnonzero(self.site_at_junction)
+            mid = np.flatnonzero(~self.site_at_junction)
+            for w in range(W):
+                use_mid = len(mid) and (rng.random() < cfg.traffic.walker_midblock or not len(atj))
+                site = int(rng.choice(mid if use_mid else atj))
+                a, b = self.sites[site]
+                if rng.random() < 0.5:
+                    a, b = b, a
+                t = (b - a) / max(np.hypot(*(b - a)), 1e-6)
+                shift = np.array([t[1], -t[0]]) * rng.uniform(-1.5, 1.5)  # spread along the kerb
+                self.w_a[w], self.w_b[w] = a + shift, b + shift
+        self.w_xy = self.w_a.copy()
+        d = self.w_b - self.w_a
+        self.w_yaw = np.arctan2(d[:, 1], d[:, 0]) if W else np.zeros(0)
+        self.w_state = np.zeros(W, np.int64)
+        self.w_timer = rng.uniform(0.0, cfg.traffic.walker_wait[1], size=W)
+        self.w_speed = rng.uniform(*cfg.traffic.walker_speed, size=W)
+        self.w_id = np.arange(10001, 10001 + W, dtype=np.int64)
+
+    # ------------------------------------------------------------------ step
+    def step(self, action) -> WorldSnapshot:
+        steer, tb = validate_action(action)
+        cfg, tp, dt = self.cfg, self.cfg.traffic, self.cfg.dt
+        self._ego_step(steer, tb, dt)
+        self.time += dt
+        self.frame += 1
+        self._update_lights()
+        e = self.ego
+        ehl, ehw = cfg.ego.length / 2, cfg.ego.width / 2
+        ego_r = math.hypot(ehl, ehw) * 0.5 + ehl * 0.5  # between half length and circumradius
+        p = nearest_point(*self._grid.args(), self.map.pts, self.map.yaw, e["x"], e["y"], e["yaw"],
+                          math.pi / 2, 4.0)
+        ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
+        n = len(self.v_lane)
+        if n:
+            K.traffic_step(
+                dt, self.time, *self._m, self.map.junction, self.map.succ, self.conflict,
+                self.lights.lane_light, self.lane_vmax,
+                self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant, self.v_wait,
+                self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
+                self.light_state,
+                np.array([e["x"], e["y"]]), ego_r, ego_lane, ego_s, self.w_xy, self.w_state == 1,
+                self.rng.random(n),
+                tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
+                self.v_xy, self.v_yaw,
+            )
+        if len(self.w_xy):
+            veh_xy = np.concatenate([self.v_xy, [[e["x"], e["y"]]]])
+            veh_v = np.concatenate([self.v_v, [e["v"]]])
+            veh_yaw = np.concatenate([self.v_yaw, [e["yaw"]]])
+            veh_ext = np.concatenate([np.stack([self.v_hl, self.v_hw], 1), [[ehl, ehw]]])
+            K.walkers_step(dt, self.w_xy, self.w_yaw, self.w_state, self.w_timer, self.w_a, self.w_b,
+                           self.w_speed, veh_xy, veh_v, veh_yaw, veh_ext, tp.walker_clear_time,
+                           tp.walker_clear_dist,
+                           tp.walker_wait[0], tp.walker_wait[1], self.rng.random(len(self.w_xy)))
+        events, npc_new = self._collisions()
+        return self._snapshot(events, npc_new)
+
+    def _ego_step(self, steer: float, tb: float, dt: float):
+        p, e = self.cfg.ego, self.ego
+        throttle, brake = max(tb, 0.0), max(-tb, 0.0)
+        v = e["v"]
+        a = throttle * p.accel_max - brake * p.brake_max
+        if v > 0:
+            a -= p.rolling + p.drag * v * v
+        nv = min(max(v + a * dt, 0.0), p.max_speed)
+        delta = steer * p.max_steer
+        beta = math.atan(0.5 * math.tan(delta))
+        vm = 0.5 * (v + nv)
+        yaw_rate = vm / (p.wheelbase / 2) * math.sin(beta)
+        e["x"] += vm * math.cos(e["yaw"] + beta) * dt
+        e["y"] += vm * math.sin(e["yaw"] + beta) * dt
+        e["yaw"] = (e["yaw"] + yaw_rate * dt + math.pi) % (2 * math.pi) - math.pi
+        e.update(v=nv, yaw_rate=yaw_rate, accel=(nv - v) / dt, steer=steer, throttle=throttle,
+                 brake=brake)
+
+    def _update_lights(self):
+        lt, tp = self.lights, self.cfg.traffic
+        if len(lt.junction_groups):
+            K.light_states(self.time, self.light_offset, lt.junction_groups, tp.green, tp.yellow,
+                           tp.all_red, self.light_state)
+
+    # ------------------------------------------------------------------ collisions
+    def _actor_arrays(self):
+        W = len(self.w_xy)
+        pos = np.concatenate([self.v_xy, self.w_xy]) if W else self.v_xy
+        yaw = np.concatenate([self.v_yaw, self.w_yaw]) if W else self.v_yaw
+        ext = np.empty((len(pos), 2))
+        ext[:len(self.v_xy), 0], ext[:len(self.v_xy), 1] = self.v_hl, self.v_hw
+        ext[len(self.v_xy):] = WALKER_EXTENT
+        cls = np.concatenate([self.v_cls, np.full(W, int(ActorClass.WALKER), np.int8)])
+        ids = np.concatenate([self.v_id, self.w_id])
+        return ids, cls, pos, yaw, ext
+
+    def _collisions(self):
+        cfg, e = self.cfg, self.ego
+        ids, cls, pos, yaw, ext = self._actors = self._actor_arrays()
+        events = []
+        buf = np.empty(max(len(pos), 1), np.int64)
+        k = K.overlaps_with(e["x"], e["y"], e["yaw"], cfg.ego.length / 2, cfg.ego.width / 2, pos, yaw,
+                            ext, buf)
+        now = set()
+        for j in buf[:k]:
+            aid = int(ids[j])
+            now.add(aid)
+            if aid not in self._ego_contacts:
+                sp = float(self.v_v[j]) if j < len(self.v_v) else float(self.w_speed[j - len(self.v_v)]
+                                                                      * (self.w_state[j - len(self.v_v)] == 1))
+                events.append(CollisionEvent(aid, ActorClass(int(cls[j])), e["v"], sp,
+                                             float(pos[j, 0]), float(pos[j, 1])))
+        self._ego_contacts = now
+        if cfg.offroad_margin is not None:
+            rm = self.map
+            p = nearest_point(*self._grid.args(), rm.pts, rm.yaw, e["x"], e["y"], 0.0, 4.0, 12.0)
+            off = True
+            if p >= 0:
+                d = math.hypot(e["x"] - rm.pts[p, 0], e["y"] - rm.pts[p, 1])
+                off = d > rm.width[p] / 2 + cfg.offroad_margin
+            if off and not self._static_contact:
+                events.append(CollisionEvent(-1, ActorClass.STATIC, e["v"], 0.0, e["x"], e["y"]))
+            self._static_contact = off
+        pbuf = np.empty(64, np.int64)
+        npair = K.pairwise_overlaps(pos, yaw, ext, int(ActorClass.WALKER), cls, pbuf)
+        pairs = set(pbuf[:min(npair, 64)].tolist())
+        new = len(pairs - self._npc_contacts)
+        self._npc_contacts = pairs
+        self.npc_collision_total += new
+        return events, new
+
+    # ------------------------------------------------------------------ snapshot
+    def _snapshot(self, events, npc_new) -> WorldSnapshot:
+        e, cfg = self.ego, self.cfg
+        if not hasattr(self, "_actors") or self.frame == 0:
+            self._actors = self._actor_arrays()
+        ids, cls, pos, yaw, ext = self._actors
+        vel = np.zeros((len(ids), 2))
+        nv = len(self.v_v)
+        vel[:nv, 0] = self.v_v * np.cos(self.v_yaw)
+        vel[:nv, 1] = self.v_v * np.sin(self.v_yaw)
+        if len(self.w_xy):
+            ws = self.w_speed * (self.w_state == 1)
+            vel[nv:, 0] = ws * np.cos(self.w_yaw)
+            vel[nv:, 1] = ws * np.sin(self.w_yaw)
+        lt = self.lights
+        ego = EgoState(e["x"], e["y"], e["yaw"], e["v"], e["yaw_rate"], e["accel"], e["steer"],
+                       e["throttle"], e["brake"], (cfg.ego.length / 2, cfg.ego.width / 2))
+        lights = TrafficLights(np.arange(len(lt.junction_of_light), dtype=np.int64), lt.pos, lt.yaw,
+                               self.light_state.astype(np.uint8), lt.stop_lines)
+        return WorldSnapshot(self.frame, self.time, cfg.dt, ego,
+                             Actors(ids, cls, pos.copy(), yaw.copy(), ext, vel), lights, events,
+                             npc_new, self.backend)
+
+    # ------------------------------------------------------------------ helpers
+    def light_for_lane(self, lane: int) -> int:
+        """Index of the light at the end of ``lane`` (-1 if none)."""
+        return int(self.lights.lane_light[lane])
+
+    def light_state_of(self, light: int) -> LightState:
+        return LightState(int(self.light_state[light]))
+
+    def close(self):
+        pass
