@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from .roadmap import LaneRecord, MapError, RoadMap, TrafficLightLandmark, build_roadmap
+from .roadmap import LaneRecord, MapError, MarkingType, RoadMap, TrafficLightLandmark, build_roadmap
 
 TRAFFIC_LIGHT_TYPE = "1000001"
 
@@ -66,8 +66,20 @@ def load_xodr_file(path: str | os.PathLike, name: str | None = None, **build_kw)
     return load_xodr_text(text, name, source=path, **build_kw)
 
 
+_MARKING_BY_NAME = {
+    "NONE": MarkingType.NONE, "Other": MarkingType.OTHER, "Broken": MarkingType.BROKEN,
+    "Solid": MarkingType.SOLID, "SolidSolid": MarkingType.SOLID_SOLID,
+    "SolidBroken": MarkingType.SOLID_BROKEN, "BrokenSolid": MarkingType.BROKEN_SOLID,
+    "BrokenBroken": MarkingType.BROKEN_BROKEN, "BottsDots": MarkingType.BOTTS_DOTS,
+    "Grass": MarkingType.GRASS, "Curb": MarkingType.CURB,
+}
+
+
 def _marking(m) -> int:
-    return int(m.type) if m is not None else 0
+    """carla.LaneMarkingType -> our MarkingType code (mapped by name: CARLA's integers differ)."""
+    if m is None:
+        return int(MarkingType.NONE)
+    return int(_MARKING_BY_NAME.get(str(m.type), MarkingType.OTHER))
 
 
 def roadmap_from_carla_map(cmap, *, name: str | None = None, source: str = "",

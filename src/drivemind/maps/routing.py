@@ -56,6 +56,15 @@ def _segments_polyline(rm: RoadMap, segments) -> Route:
         if s1 - s0 < 1e-6:
             continue
         n = max(2, int(math.ceil((s1 - s0) / 1.0)) + 1)
+        if pts:  # a lane change: fill the diagonal between the two lanes at 1 m spacing
+            x, y, _ = rm.pose_at(lane, s0)
+            gap = math.hypot(x - pts[-1][0], y - pts[-1][1])
+            if gap > 1.0:
+                x0, y0 = pts[-1]
+                m = int(math.ceil(gap))
+                for k in range(1, m):
+                    pts.append((x0 + (x - x0) * k / m, y0 + (y - y0) * k / m))
+                    lanes.append(lane)
         for s in np.linspace(s0, s1, n):
             x, y, _ = rm.pose_at(lane, s)
             if pts and abs(pts[-1][0] - x) < 1e-6 and abs(pts[-1][1] - y) < 1e-6:

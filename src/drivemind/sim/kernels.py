@@ -172,7 +172,7 @@ def traffic_step(
     # map
     offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax,
     # vehicles (modified in place)
-    lane, s, v, acc, path, grant, wait, hl, hw, vdes, amax, bcomf,
+    lane, s, v, acc, path, grant, entered, wait, hl, hw, vdes, amax, bcomf,
     # lights
     light_state,
     # ego and walkers as obstacles
@@ -292,6 +292,7 @@ def traffic_step(
                         ok = False
             if ok:
                 grant[i] = c
+                entered[i] = False
                 wait[i] = 0.0
     # ---- pass 3: IDM acceleration
     for i in range(n):
@@ -420,15 +421,12 @@ def traffic_step(
         if s[i] > length[lane[i]]:
             s[i] = length[lane[i]]
             v[i] = 0.0
-        if grant[i] >= 0 and lane[i] != grant[i]:
-            # released once the vehicle is on a lane past its granted connector
-            still_ahead = False
-            for k in range(K):
-                if path[i, k] == grant[i]:
-                    still_ahead = True
-                    break
-            if not still_ahead:
+        if grant[i] >= 0:
+            if lane[i] == grant[i]:
+                entered[i] = True
+            elif entered[i]:  # released once the vehicle has driven off its granted connector
                 grant[i] = -1
+                entered[i] = False
         x, y, h = lane_pose(offset, ds, length, pts, yaw, lane[i], s[i])
         xy[i, 0] = x
         xy[i, 1] = y

@@ -129,7 +129,8 @@ class LiteWorld:
         self.v_s = rm.spawn_s[chosen].astype(float) if n else np.zeros(0)
         self.v_v = np.zeros(n)
         self.v_acc = np.zeros(n)
-        self.v_grant = np.full(n, -1, np.int64)
+        self.v_grant = np.full(n, -1, np.int64)  # reserved junction connector
+        self.v_entered = np.zeros(n, np.bool_)  # already on its reserved connector
         self.v_wait = np.zeros(n)
         self.v_hl, self.v_hw, self.v_vdes = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
@@ -197,7 +198,8 @@ class LiteWorld:
             K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.map.succ, self.conflict,
                 self.lights.lane_light, self.lane_vmax,
-                self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant, self.v_wait,
+                self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
+                self.v_entered, self.v_wait,
                 self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
                 self.light_state,
                 np.array([e["x"], e["y"]]), ego_r, ego_lane, ego_s, self.w_xy, self.w_state == 1,

@@ -1,0 +1,118 @@
+"""A* routing on the lane graph."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from drivemind.maps import RouteError, load_town, plan_route, random_route
+from drivemind.maps.roadmap import LaneRecord, build_roadmap
+
+MAPS = Path(__file__).resolve().parents[1].parent / "shared" / "maps"
+
+
+def dijkstra_length(rm, start, goal):
+    """Reference shortest distance along successor links only (no lane changes)."""
+    (l0, s0), (lg, sg) = start, goal
+    if l0 == lg and sg >= s0:
+        return sg - s0
+    dist = {}
+    heap = [(rm.length[l0] - s0, int(n)) for n in rm.successors(l0)]  # cost to the START of n
+    heapq.heapify(heap)
+    while heap:
+        d, lane = heapq.heappop(heap)
+        if lane in dist:
+            continue
+        dist[lane] = d
+        if lane == lg:
+            return d + sg
+        for n in rm.successors(lane):
+            if int(n) not in dist:
+                heapq.heappush(heap, (d + rm.length[lane], int(n)))
+    return math.inf
+
+
+def town(name):
+    if name.startswith("Town"):
+        p = MAPS / f"{name}.xodr"
+        if not p.is_file():
+            pytest.skip(f"{p} not present")
+        return load_town(str(p))
+    return load_town(name)
+
+
+@pytest.mark.parametrize("name", ["Town02", "grid", "curves"])
+def test_astar_is_shortest(name):
+    rm = town(name)
+    assert not (((rm.left >= 0) & rm.left_same_dir) | ((rm.right >= 0) & rm.right_same_dir)).any(), \
+        "this check needs a town without same-direction neighbours"
+    rng = np.random.default_rng(1)
+    for _ in range(40):
+        a, b = rng.integers(len(rm.spawn), size=2)
+        start = (int(rm.spawn_lane[a]), float(rm.spawn_s[a]))
+        goal = (int(rm.spawn_lane[b]), float(rm.spawn_s[b]))
+        r = plan_route(rm, start, goal)
+        ref = dijkstra_length(rm, start, goal)
+        assert r.length == pytest.approx(ref, rel=0.02, abs=0.5)
+
+
+def test_route_polyline_is_continuous_and_connected():
+    rm = town("grid")
+    r = random_route(rm, np.random.default_rng(3), min_length=300)
+    steps = np.hypot(*np.diff(r.pts, axis=0).T)
+    assert steps.max() < 1.01 and r.cum[-1] == pytest.approx(r.length)
+    lanes = r.lane_sequence()
+    for a, b in zip(lanes, lanes[1:]):
+        assert b in rm.successors(a) or b in (rm.left[a], rm.right[a])
+    # starts and ends at the spawn points it was planned between
+    x, y, yaw = r.start
+    assert any(np.hypot(rm.spawn[:, 0] - x, rm.spawn[:, 1] - y) < 1e-6)
+
+
+def test_lane_changes_on_multilane_roads():
+    rm = town("avenue")
+    multi = np.flatnonzero((rm.right >= 0) & rm.right_same_dir & (rm.junction < 0))
+    assert len(multi) > 0
+    lane = int(multi[0])
+    other = int(rm.right[lane])
+    # from the middle of one lane to the end of its same-direction neighbour: a lane change
+    r = plan_route(rm, (lane, rm.length[lane] * 0.2), (other, rm.length[other] * 0.95))
+    assert r.lane_sequence() == [lane, other]
+    assert r.length < rm.length[lane]  # no detour round the block
+    steps = np.hypot(*np.diff(r.pts, axis=0).T)
+    assert steps.max() < 5.0  # the change is a short diagonal, not a jump
+
+
+def test_route_cap_rejects_and_resamples():
+    rm = town("grid")
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        r = random_route(rm, rng, max_length=400)
+        assert r.length <= 400
+    with pytest.raises(RouteError, match="no route"):
+        random_route(rm, rng, max_length=1.0, min_length=0.5, max_tries=20)
+
+
+def ring(cx, cy, r=30.0, lane_id=-1, road=1):
+    t = np.linspace(0, 2 * np.pi, 200)
+    pts = np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)
+    key = (road, 0, lane_id)
+    return LaneRecord(key, pts, np.full(200, 3.5), np.zeros(200, np.uint8), np.zeros(200, np.uint8),
+                      -1, [key])
+
+
+def test_unreachable_goal_and_bad_lane_are_clear_errors():
+    rm = build_roadmap("two-rings", [ring(0, 0, road=1), ring(200, 0, road=2)])
+    with pytest.raises(RouteError, match="unreachable"):
+        plan_route(rm, (0, 5.0), (1, 5.0))
+    # same ring, goal behind the start: goes round the loop
+    r = plan_route(rm, (0, 50.0), (0, 10.0))
+    assert r.length == pytest.approx(rm.length[0] - 40.0, abs=0.5)
+    with pytest.raises(RouteError, match="lane 7 does not exist"):
+        plan_route(rm, (7, 0.0), (0, 1.0))
+    with pytest.raises(RouteError, match="outside lane"):
+        plan_route(rm, (0, 1e4), (0, 1.0))
