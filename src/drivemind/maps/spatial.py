@@ -43,9 +43,15 @@ def lane_grid(rm: RoadMap) -> LaneGrid:
 def nearest_point(origin, cell, nx, ny, start, items, pts, yaw, x, y, qyaw, max_dyaw, radius):
     """Index of the nearest centre-line point within ``radius`` whose heading is within
     ``max_dyaw`` of ``qyaw`` (pass max_dyaw >= pi to ignore heading); -1 if none."""
-    ci = int((x - origin[0]) // cell)
-    cj = int((y - origin[1]) // cell)
+    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(radius)):
+        return -1
+    fx = (x - origin[0]) / cell
+    fy = (y - origin[1]) / cell
     r = int(radius // cell) + 1
+    if fx < -r - 1 or fy < -r - 1 or fx > nx + r + 1 or fy > ny + r + 1:
+        return -1  # far outside the map
+    ci = int(math.floor(fx))
+    cj = int(math.floor(fy))
     best = -1
     bd = radius * radius
     for i in range(max(ci - r, 0), min(ci + r + 1, nx)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, fields, replace
 
 
@@ -65,8 +66,9 @@ class SimConfig:
             raise ValueError(f"sim dt must be in (0, 1] seconds, got {self.dt}")
         for name in ("vehicles", "walkers", "motorcycles", "bicycles"):
             val = getattr(self, name)
-            if not isinstance(val, int) or val < 0:
+            if isinstance(val, bool) or not isinstance(val, numbers.Integral) or val < 0:
                 raise ValueError(f"sim {name} must be a non-negative integer, got {val!r}")
+            object.__setattr__(self, name, int(val))
         if self.traffic.signals not in ("landmarks", "all", "none"):
             raise ValueError(f"traffic.signals must be one of landmarks, all, none; got "
                              f"{self.traffic.signals!r}")

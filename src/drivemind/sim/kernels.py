@@ -295,6 +295,8 @@ def traffic_step(
                 entered[i] = False
                 wait[i] = 0.0
     # ---- pass 3: IDM acceleration
+    wbuf = np.empty((walker_xy.shape[0], 2))  # walkers near the vehicle under consideration
+    wrad = np.full(walker_xy.shape[0], 0.6)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -344,28 +346,18 @@ def traffic_step(
                 gap = g
                 vl = 0.0
         # walkers on the road
-        nw = 0
+        q = 0
         for w in range(walker_xy.shape[0]):
             if walker_on_road[w]:
                 dx = walker_xy[w, 0] - xy[i, 0]
                 dy = walker_xy[w, 1] - xy[i, 1]
                 if dx * dx + dy * dy < (lookahead * 0.6) ** 2:
-                    nw += 1
-        if nw > 0:
-            wo = np.empty((nw, 2))
-            wr = np.empty(nw)
-            q = 0
-            for w in range(walker_xy.shape[0]):
-                if walker_on_road[w]:
-                    dx = walker_xy[w, 0] - xy[i, 0]
-                    dy = walker_xy[w, 1] - xy[i, 1]
-                    if dx * dx + dy * dy < (lookahead * 0.6) ** 2:
-                        wo[q, 0] = walker_xy[w, 0]
-                        wo[q, 1] = walker_xy[w, 1]
-                        wr[q] = 0.6
-                        q += 1
-            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], wo, wr,
-                              lookahead * 0.6, 1.0)
+                    wbuf[q, 0] = walker_xy[w, 0]
+                    wbuf[q, 1] = walker_xy[w, 1]
+                    q += 1
+        if q > 0:
+            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], wbuf[:q],
+                              wrad[:q], lookahead * 0.6, 1.0)
             if g < gap:
                 gap = g
                 vl = 0.0

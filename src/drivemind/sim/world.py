@@ -91,6 +91,9 @@ class LiteWorld:
         x, y, yaw = (float(v) for v in ego_pose)
         if not all(math.isfinite(v) for v in (x, y, yaw)):
             raise ValueError(f"ego pose must be finite, got {ego_pose}")
+        ego_speed = float(ego_speed)
+        if not (math.isfinite(ego_speed) and 0.0 <= ego_speed <= cfg.ego.max_speed):
+            raise ValueError(f"ego_speed must be in [0, {cfg.ego.max_speed}] m/s, got {ego_speed}")
         self.ego = dict(x=x, y=y, yaw=yaw, v=float(ego_speed), yaw_rate=0.0, accel=0.0, steer=0.0,
                         throttle=0.0, brake=0.0)
         self._spawn_vehicles()

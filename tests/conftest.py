@@ -1,0 +1,28 @@
+"""Shared fixtures: the real CARLA towns from ``<repo root>/../shared/maps`` (skipped when absent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED_MAPS = Path(__file__).resolve().parents[1].parent / "shared" / "maps"
+
+
+@pytest.fixture(scope="session")
+def shared_maps() -> Path:
+    """Folder holding Town01.xodr / Town02.xodr; skips the test when it is not there."""
+    if not SHARED_MAPS.is_dir() or not any(SHARED_MAPS.glob("*.xodr")):
+        pytest.skip(f"{SHARED_MAPS} not present (the real CARLA maps live in ../shared/maps)")
+    return SHARED_MAPS
+
+
+@pytest.fixture(scope="session")
+def town02(shared_maps):
+    """Town02 as a RoadMap (loaded once per session)."""
+    path = shared_maps / "Town02.xodr"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    from drivemind.maps import load_town
+
+    return load_town(str(path))
