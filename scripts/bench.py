@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
@@ -47,17 +45,14 @@ def pin_one_core() -> bool:
 
 
 def bench_sim(args) -> dict:
-    from drivemind.maps import load_town, random_route
-    from drivemind.sim import LiteWorld, density_config
-    from drivemind.sim.autopilot import Autopilot
+    from drivemind.maps import load_town
+    from drivemind.sim import density_config
+    from drivemind.sim.autopilot import autopilot_episode
 
     pinned = pin_one_core() if args.cores == 1 else False
     rm = load_town(args.town)
-    world = LiteWorld(rm, density_config(args.density))
-    rng = np.random.default_rng(args.seed)
-    route = random_route(rm, rng, max_length=3000)
-    snap = world.reset(seed=args.seed, ego_pose=route.start)
-    pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density), args.seed)
+    route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
         snap = world.step(pilot.act(snap))
     snap = world.reset(seed=args.seed, ego_pose=route.start)
@@ -76,8 +71,7 @@ def bench_sim(args) -> dict:
         npc_speed += float(world.v_v.mean()) if len(world.v_v) else 0.0
         if pilot.done:
             routes += 1
-            near = int(np.argmin(np.hypot(rm.spawn[:, 0] - snap.ego.x, rm.spawn[:, 1] - snap.ego.y)))
-            pilot.set_route(random_route(rm, rng, max_length=3000, start=near))
+            pilot.new_route_from(rng, snap.ego.x, snap.ego.y)
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,

@@ -19,9 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from drivemind.maps import load_town, random_route  # noqa: E402
-from drivemind.sim import LiteWorld, density_config  # noqa: E402
-from drivemind.sim.autopilot import Autopilot  # noqa: E402
+from drivemind.maps import load_town  # noqa: E402
+from drivemind.sim import density_config  # noqa: E402
+from drivemind.sim.autopilot import autopilot_episode  # noqa: E402
 from drivemind.viz import TopDown, strip  # noqa: E402
 
 
@@ -37,11 +37,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     rm = load_town(args.town)
-    world = LiteWorld(rm, density_config(args.density))
-    rng = np.random.default_rng(args.seed)
-    route = random_route(rm, rng, max_length=1500)
-    snap = world.reset(seed=args.seed, ego_pose=route.start)
-    pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density), args.seed,
+                                                max_length=1500)
     view = TopDown(rm, size=args.size)
     steps = int(round(args.seconds / world.cfg.dt))
     every = max(1, int(round(1.0 / (args.fps * world.cfg.dt))))
@@ -52,9 +49,7 @@ def main(argv=None) -> dict:
         collisions += len(snap.collisions)
         if pilot.done:
             routes_done += 1
-            route = random_route(rm, rng, max_length=1500,
-                                 start=int(np.argmin(np.hypot(*(rm.spawn[:, :2] - [snap.ego.x, snap.ego.y]).T))))
-            pilot.set_route(route)
+            pilot.new_route_from(rng, snap.ego.x, snap.ego.y, max_length=1500)
         if k % every == 0:
             title = f"{rm.name} {args.density}  t={snap.time:5.1f}s  v={snap.ego.speed * 3.6:4.1f} km/h"
             frames.append(view.frame(snap, pilot.route, title))

@@ -13,9 +13,10 @@ import math
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..maps.routing import Route
-from .config import EgoParams
+from ..maps.routing import Route, random_route
+from .config import EgoParams, SimConfig
 from .snapshot import LightState, WorldSnapshot
+from .world import LiteWorld
 
 
 class Autopilot:
@@ -50,6 +51,14 @@ class Autopilot:
                         self.stops.append((float(r.cum[i]), li))
         self.junction_entries = [float(r.cum[i]) for i in range(len(r.lanes) - 1)
                                  if self.in_junction[i + 1] and not self.in_junction[i]]
+
+    def new_route_from(self, rng: np.random.Generator, x: float, y: float,
+                       max_length: float = 3000.0) -> Route:
+        """Follow a new random route starting at the spawn point nearest (x, y)."""
+        sp = self.map.spawn
+        start = int(np.argmin(np.hypot(sp[:, 0] - x, sp[:, 1] - y)))
+        self.set_route(random_route(self.map, rng, max_length=max_length, start=start))
+        return self.route
 
     @property
     def progress(self) -> float:
@@ -166,3 +175,16 @@ class Autopilot:
                 return d - self.ego.length / 2
             return math.inf
         return math.inf
+
+
+def autopilot_episode(rm: RoadMap, config: SimConfig, seed: int, max_length: float = 3000.0):
+    """A lite world whose ego follows a random route: ``(world, rng, snapshot, pilot)``.
+
+    ``rng`` (seeded with ``seed``) is the one the route came from; pass it on to
+    :meth:`Autopilot.new_route_from` for the next routes.
+    """
+    world = LiteWorld(rm, config)
+    rng = np.random.default_rng(seed)
+    route = random_route(rm, rng, max_length=max_length)
+    snap = world.reset(seed=seed, ego_pose=route.start)
+    return world, rng, snap, Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)

@@ -297,6 +297,8 @@ def traffic_step(
     # ---- pass 3: IDM acceleration
     wbuf = np.empty((walker_xy.shape[0], 2))  # walkers near the vehicle under consideration
     wrad = np.full(walker_xy.shape[0], 0.6)
+    eo = ego_xy.reshape(1, 2)  # the ego as one obstacle circle
+    er = np.full(1, ego_r)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -335,11 +337,6 @@ def traffic_step(
         dx = ego_xy[0] - xy[i, 0]
         dy = ego_xy[1] - xy[i, 1]
         if dx * dx + dy * dy < (lookahead * 0.5) ** 2:
-            eo = np.empty((1, 2))
-            eo[0, 0] = ego_xy[0]
-            eo[0, 1] = ego_xy[1]
-            er = np.empty(1)
-            er[0] = ego_r
             g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], eo, er,
                               lookahead * 0.5, 1.0)
             if g < gap:

@@ -105,6 +105,7 @@ class LiteWorld:
         self._npc_contacts.clear()
         self._static_contact = False
         self.npc_collision_total = 0
+        self._actors = self._actor_arrays()
         return self._snapshot([], 0)
 
     def _spawn_vehicles(self):
@@ -296,9 +297,7 @@ class LiteWorld:
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
         e, cfg = self.ego, self.cfg
-        if not hasattr(self, "_actors") or self.frame == 0:
-            self._actors = self._actor_arrays()
-        ids, cls, pos, yaw, ext = self._actors
+        ids, cls, pos, yaw, ext = self._actors  # set by reset() and _collisions()
         vel = np.zeros((len(ids), 2))
         nv = len(self.v_v)
         vel[:nv, 0] = self.v_v * np.cos(self.v_yaw)
