@@ -23,7 +23,8 @@ from drivemind.maps import load_town, random_route
 from drivemind.maps.roadmap import LaneRecord, build_roadmap
 from drivemind.sim import (DENSITIES, ActorClass, EgoParams, LightState, LiteWorld, SimConfig,
                            TrafficParams, density_config, validate_action)
-from drivemind.sim.autopilot import Autopilot
+from drivemind.sim.autopilot import Autopilot, autopilot_episode
+from drivemind.sim.kernels import walkers_step
 
 OFF_MAP = (-1000.0, -1000.0, 0.0)  # park the ego far from every road
 RED = int(LightState.RED)
@@ -640,6 +641,95 @@ def test_traffic_never_runs_into_a_stationary_ego(grid, where):
     assert events == [], [(e.other_class.name, e.other_id) for e in events]
     assert min_d < 20.0, "no vehicle came near the ego, the test proves nothing"
     assert world.npc_collision_total == 0
+
+
+def test_traffic_passes_an_ego_standing_in_the_next_lane(grid):
+    """Regression: traffic saw the ego as one circle round its whole box, which reached into the
+    next lane of a 3.5 m road; oncoming cars stopped beside a standing ego (and an autopilot ego
+    waiting there for them to pass waited for ever)."""
+    world = LiteWorld(grid, SimConfig(vehicles=1, offroad_margin=None))
+    for seed in range(50):
+        world.reset(seed, ego_pose=OFF_MAP)
+        lane, s = int(world.v_lane[0]), float(world.v_s[0])
+        other = int(grid.left[lane])
+        if other < 0 or grid.left_same_dir[lane] or s + 45.0 > grid.length[lane]:
+            continue
+        x, y, yaw = grid.pose_at(lane, s + 35.0)
+        if abs(yaw - grid.pose_at(lane, s)[2]) > 1e-3:
+            continue
+        q = grid.lane_points(other)
+        k = int(np.argmin(np.hypot(q[:, 0] - x, q[:, 1] - y)))
+        break
+    else:
+        pytest.fail("no straight two-way road with a spawn found")
+    ego_pose = (float(q[k, 0]), float(q[k, 1]), float(grid.yaw[grid.offset[other] + k]))
+    snap = world.reset(seed, ego_pose=ego_pose)
+    c, sn = math.cos(yaw), math.sin(yaw)
+    along = lambda p: (p[0] - snap.ego.x) * c + (p[1] - snap.ego.y) * sn  # noqa: E731
+    assert along(snap.actors.pos[0]) < -30.0
+    v_before, v_min = None, math.inf
+    for _ in range(200):
+        snap = world.step((0.0, -1.0))
+        assert snap.collisions == []
+        a = along(snap.actors.pos[0])
+        if v_before is None and a > -15.0:
+            v_before = float(world.v_v[0])
+        if -15.0 < a < 5.0:
+            v_min = min(v_min, float(world.v_v[0]))
+        if a > 5.0:
+            break
+    assert a > 5.0, f"the car did not get past the ego (stopped {-a:.1f} m before it)"
+    assert v_min > 0.8 * v_before, f"the car slowed from {v_before:.1f} to {v_min:.1f} m/s"
+
+
+@pytest.mark.parametrize("town,density,seed", [
+    ("grid", "regular", 6),  # ego and an oncoming car each waiting for the other (ego's nose in
+    ("grid", "regular", 13),  # the junction, the car beside it)
+    ("avenue", "regular", 1),
+    ("curves", "dense", 22),
+    ("avenue", "regular", 19),  # the ego drove into a junction a car was turning across
+    ("curves", "regular", 14),  # ... or merging into the ego's exit lane
+    ("curves", "regular", 19),
+    ("grid", "dense", 1),
+    ("avenue", "dense", 3),
+    ("avenue", "drivevlm", 57),  # behind a car and a walker each waiting for the other
+])
+def test_autopilot_completes_routes_in_traffic(town, density, seed):
+    """Regression: routes on which the autopilot got stuck for good or caused a collision. It now
+    gives way at junctions to vehicles on lanes that cross or merge with its own (inside the
+    junction, or coming up to it), and traffic no longer hands out a crossing connector while
+    the ego is about to enter the junction."""
+    world, _, snap, pilot = autopilot_episode(load_town(town), density_config(density), seed)
+    limit = int((pilot.route.length / 3.0 + 120.0) / world.cfg.dt)
+    standing = 0.0
+    for _ in range(limit):
+        snap = world.step(pilot.act(snap))
+        assert snap.collisions == [], [(ev.other_class.name, round(ev.ego_speed, 1),
+                                        round(ev.other_speed, 1)) for ev in snap.collisions]
+        standing = standing + world.cfg.dt if snap.ego.speed < 1 / 3.6 else 0.0
+        assert standing < 90.0, f"stuck at ({snap.ego.x:.0f}, {snap.ego.y:.0f}), {snap.time:.0f} s"
+        if pilot.done:
+            break
+    assert pilot.done, f"{pilot.progress:.0f} of {pilot.route.length:.0f} m in {snap.time:.0f} s"
+    assert world.npc_collision_total == 0
+
+
+def test_walker_blocked_by_a_standing_car_turns_back():
+    """Regression: a car stopped for a walker right beside its front corner, the walker (whose next
+    step was into the car) waited for the car and the car for the walker, for good. A walker kept
+    from going on turns back to the kerb it came from, never stepping into the car."""
+    a0, b0 = np.array([[0.0, 0.0]]), np.array([[0.0, 10.0]])
+    a, b = a0.copy(), b0.copy()
+    pos, heading = np.array([[0.0, 3.0]]), np.zeros(1)
+    state, timer, speed = np.ones(1, np.int64), np.zeros(1), np.full(1, 1.2)
+    car_xy, car_yaw, car_ext = np.array([[0.5, 5.2]]), np.zeros(1), np.array([[2.3, 1.0]])
+    ys = []
+    for _ in range(80):
+        walkers_step(0.1, pos, heading, state, timer, a, b, speed, car_xy, np.zeros(1), car_yaw,
+                     car_ext, 3.0, 15.0, 4.0, 20.0, np.zeros(1))
+        ys.append(float(pos[0, 1]))
+        assert pos[0, 1] < 5.2 - 1.0, "the walker stepped into the car"
+    assert min(ys) == pytest.approx(a0[0, 1]), "the walker did not go back to its kerb"
 
 
 # ================================================================== regressions: junction grants

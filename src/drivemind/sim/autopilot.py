@@ -1,22 +1,37 @@
 """A route-following autopilot: pure pursuit for steering, IDM for speed.
 
 It reads only a WorldSnapshot, the RoadMap and a Route, so it drives the ego of any backend. It
-stops for actors in its corridor along the route, for red (and stoppable yellow) lights at the end
-of its lane, and before a junction while another vehicle is crossing it. Used as the sanity
-baseline, to collect frames, and to drive the ego in simulator benchmarks and demos.
+stops for actors in its corridor along the route and for red (and stoppable yellow) lights at the
+end of its lane. Before a junction it gives way to every vehicle on a junction lane that crosses or
+merges with its own way through (inside the junction, or coming up to it and due at the crossing
+before the ego would be through); once it can no longer stop comfortably short of the junction it
+goes on. Before a lane change of its route it waits while the target lane is taken beside it. Used
+as the sanity baseline, to collect frames, and to drive the ego in simulator benchmarks and demos.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..maps.roadmap import RoadMap
 from ..maps.routing import Route, random_route
+from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
-from .snapshot import LightState, WorldSnapshot
+from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
 from .world import LiteWorld
+
+
+JUNCTION_LOOKAHEAD = 25.0  # m from our nose to a junction within which we decide who goes first
+COMMIT_DECEL = 6.0  # m/s^2: braking it would take to stop before the junction beyond which we go on
+YIELD_MARGIN = 1.5  # s: we let a vehicle go first unless we are through the crossing this long
+#                     before it reaches it
+CLEARANCE = 2.8  # m: lane centre lines closer than this cannot be driven side by side
+EXIT_TAIL = 6.0  # m of our exit lane counted as part of the crossing (vehicles merging in)
+_VEHICLE = np.zeros(256, bool)  # indexed by ActorClass code
+_VEHICLE[[int(c) for c in VEHICLE_CLASSES]] = True
 
 
 class Autopilot:
@@ -27,6 +42,8 @@ class Autopilot:
         self.lane_light = lane_light
         self.target_speed, self.lat_accel = target_speed, lat_accel
         self.s0, self.T, self.a, self.b = s0, T, a, b
+        self._grid = lane_grid(roadmap)
+        self._last = (-2, np.zeros(0, np.int64), np.zeros(0))  # frame, actor ids and speeds
         self.set_route(route)
 
     def set_route(self, route: Route) -> None:
@@ -49,8 +66,26 @@ class Autopilot:
                     li = int(self.lane_light[r.lanes[i]])
                     if li >= 0:
                         self.stops.append((float(r.cum[i]), li))
-        self.junction_entries = [float(r.cum[i]) for i in range(len(r.lanes) - 1)
-                                 if self.in_junction[i + 1] and not self.in_junction[i]]
+        self.crossings = [_crossing(self.map, r, i, self.vcurve) for i in range(len(r.lanes) - 1)
+                          if self.in_junction[i + 1] and not self.in_junction[i]]
+        # lane changes: (arc length where the diagonal starts, where it ends, lateral offset of
+        # the target lane, + to the right)
+        self.changes = []
+        rm = self.map
+        for i in range(len(r.lanes) - 1):
+            a, b = int(r.lanes[i]), int(r.lanes[i + 1])
+            if a != b and b in (rm.left[a], rm.right[a]):
+                qb = rm.lane_points(b)
+                j = i + 1
+                while j + 1 < len(r.lanes) and np.hypot(qb[:, 0] - r.pts[j, 0],
+                                                         qb[:, 1] - r.pts[j, 1]).min() > 0.3:
+                    j += 1
+                qa = rm.lane_points(a)
+                ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
+                ha = float(rm.yaw[rm.offset[a] + ka])
+                dx, dy = r.pts[j, 0] - r.pts[i, 0], r.pts[j, 1] - r.pts[i, 1]
+                side = -dx * math.sin(ha) + dy * math.cos(ha)
+                self.changes.append((float(r.cum[i]), float(r.cum[j]), float(side)))
 
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
@@ -97,6 +132,7 @@ class Autopilot:
         gap = min(gap, self._corridor_gap(snap, here))
         gap = min(gap, self._light_gap(snap, here))
         gap = min(gap, self._junction_gap(snap, here))
+        gap = min(gap, self._lane_change_gap(snap, here))
         v = e.speed
         ss = self.s0 + max(0.0, v * self.T + v * v / (2 * math.sqrt(self.a * self.b)))
         acc = self.a * (1 - (v / v0) ** 4 - (ss / max(gap, 0.05)) ** 2)
@@ -107,7 +143,17 @@ class Autopilot:
             tb = acc / p.brake_max
         if gap < 0.5:
             tb = -1.0
+        self._last = (snap.frame, snap.actors.id, np.hypot(snap.actors.velocity[:, 0],
+                                                            snap.actors.velocity[:, 1]))
         return steer, float(np.clip(tb, -1.0, 1.0))
+
+    def _accel(self, snap, a: int, v: float) -> float:
+        """Actor a's acceleration since the last snapshot we acted on (0 if unknown)."""
+        frame, ids, speed = self._last
+        if frame != snap.frame - 1:
+            return 0.0
+        k = np.flatnonzero(ids == snap.actors.id[a])
+        return (v - float(speed[k[0]])) / snap.dt if len(k) else 0.0
 
     def _corridor_gap(self, snap, here) -> float:
         act, r, p = snap.actors, self.route, self.ego
@@ -150,31 +196,228 @@ class Autopilot:
         return math.inf
 
     def _junction_gap(self, snap, here) -> float:
-        """Wait at a junction entry while a vehicle not going our way is inside the junction."""
-        act = snap.actors
-        for cum in self.junction_entries:
-            d = cum - here
-            if d < 0.5:
-                continue
-            if d > 15.0:
+        """Stop line of the next junction while we must give way there: a vehicle inside it is on a
+        lane that crosses or merges with ours and has not yet cleared the crossing, or one coming
+        up to it would reach the crossing before we are through. Once we can no longer stop
+        comfortably before the junction we are committed (the corridor still brakes for whatever
+        is in our way)."""
+        e, r, half = snap.ego, self.route, self.ego.length / 2
+        v = e.speed
+        # where we are along the route, finer than its 1 m points
+        k = self.idx
+        at = here + ((e.x - r.pts[k, 0]) * math.cos(r.yaw[k])
+                     + (e.y - r.pts[k, 1]) * math.sin(r.yaw[k]))
+        for cr in self.crossings:
+            front = cr.entry - at - half
+            if front < -0.5:
+                continue  # our nose is in it (or it is behind us)
+            if front > JUNCTION_LOOKAHEAD:
                 break
-            r = self.route
-            i0 = int(np.searchsorted(r.cum, cum))
-            i1 = i0
-            while i1 < len(r.lanes) and self.in_junction[i1]:
-                i1 += 1
-            path = r.pts[i0:i1 + 1]
-            if len(path) == 0 or len(act) == 0:
+            if v * v / (2.0 * COMMIT_DECEL) > front + 0.5:
+                return math.inf  # we could not stop short of it any more
+            return front if self._must_yield(cr, snap, here) else math.inf
+        return math.inf
+
+    def _must_yield(self, cr: "_Crossing", snap, here) -> bool:
+        act = snap.actors
+        if len(act) == 0:
+            return False
+        rm, half = self.map, self.ego.length / 2
+        pos = act.pos
+        near = _VEHICLE[act.cls] & (
+            np.hypot(pos[:, 0] - cr.centre[0], pos[:, 1] - cr.centre[1]) < cr.radius + 45.0)
+        if not near.any():
+            return False
+        speed = np.hypot(act.velocity[:, 0], act.velocity[:, 1])
+        grid = self._grid
+        first: dict = {}  # approach lane into the junction -> (distance to it, actor, feeds)
+        for a in np.flatnonzero(near):
+            x, y, yaw = float(pos[a, 0]), float(pos[a, 1]), float(act.yaw[a])
+            hl = float(act.extent[a, 0])
+            on = _match_lanes(rm, cr, x, y, yaw)
+            if on is not None:  # inside the junction, on these lanes
+                for lane, s in on:
+                    c = cr.conflicts.get(lane)
+                    if c is not None and s - hl < c[1]:
+                        return True
+                continue
+            p = nearest_point(*grid.args(), rm.pts, rm.yaw, x, y, yaw, 0.6, 2.5)
+            if p < 0:
+                if self._crossing_fallback(cr, x, y, yaw, speed[a]):
+                    return True
+                continue
+            lane = int(rm.point_lane[p])
+            feeds = cr.feeders.get(lane)
+            if feeds:
+                to_end = float(rm.length[lane] - rm.s[p])
+                for app, extra, group in feeds:
+                    d = to_end + extra
+                    if app not in first or d < first[app][0]:
+                        first[app] = (d, a, group)
+        # the first vehicle of each approach: it stops for its red light or its turn to go, or it
+        # comes on (those behind it cannot be there before it)
+        lights = snap.lights
+        for app, (d, a, group) in first.items():
+            v, hl = float(speed[a]), float(act.extent[a, 0])
+            if v < 0.5:
+                continue
+            acc = self._accel(snap, a, v)
+            if acc < -0.3 and v * v / (-2.0 * acc) < d - hl + 0.5:
+                continue  # braking to stop short of the junction
+            li = int(self.lane_light[app]) if self.lane_light is not None else -1
+            if 0 <= li < len(lights):
+                st = int(lights.state[li])
+                if (st == LightState.RED or st == LightState.YELLOW) and d - hl > v * v / 6.0 + 1.0:
+                    continue
+            for lane in group:
+                s0, s1, c0, c1 = cr.conflicts[lane]
+                t_them = _time_to(d + s0 - hl, v, 0.5, max(9.5, v))
+                t_us = _time_to(c1 - here + half, snap.ego.speed, 1.5, cr.vmax)
+                if t_them < t_us + YIELD_MARGIN:
+                    return True
+        return False
+
+    def _crossing_fallback(self, cr, x, y, yaw, speed) -> bool:
+        """A moving vehicle on no lane of the map (another backend's odd one): give way while it
+        is near our path through the junction and not heading our way."""
+        if speed < 0.3:
+            return False
+        d = np.hypot(cr.path[:, 0] - x, cr.path[:, 1] - y)
+        k = int(np.argmin(d))
+        return bool(d[k] < 4.0 and math.cos(yaw - cr.path_yaw[k]) < 0.9)
+
+    def _lane_change_gap(self, snap, here) -> float:
+        """Wait before a lane change of the route while the target lane is taken beside us: a
+        vehicle there overlapping where we will merge in, or coming up from behind too close."""
+        e, half = snap.ego, self.ego.length / 2
+        for c0, c1, side in self.changes:
+            front = c0 - here - half
+            if front < 0.3:
+                continue
+            if front > 30.0:
+                break
+            if front < e.speed * e.speed / (2.0 * COMMIT_DECEL):
                 return math.inf
-            moving = np.hypot(act.velocity[:, 0], act.velocity[:, 1]) > 0.3
-            dist = np.hypot(path[None, :, 0] - act.pos[:, None, 0],
-                            path[None, :, 1] - act.pos[:, None, 1]).min(axis=1)
-            heading_ok = np.cos(act.yaw - r.yaw[min(i0, len(r.yaw) - 1)]) > 0.9
-            crossing = (dist < 4.0) & moving & ~heading_ok
-            if crossing.any():
-                return d - self.ego.length / 2
+            act = snap.actors
+            if len(act) == 0:
+                return math.inf
+            veh = _VEHICLE[act.cls]
+            c, s = math.cos(e.yaw), math.sin(e.yaw)
+            dx, dy = act.pos[:, 0] - e.x, act.pos[:, 1] - e.y
+            lx, ly = dx * c + dy * s, -dx * s + dy * c
+            same_dir = np.cos(act.yaw - e.yaw) > 0.8
+            beside = veh & same_dir & (np.abs(ly - side) < 1.8) & (np.abs(lx) < 60.0)
+            for a in np.flatnonzero(beside):
+                ax = here + float(lx[a])  # its place along our route
+                hl = float(act.extent[a, 0])
+                va = float(np.hypot(*act.velocity[a]))
+                back = 4.0 + 1.5 * va + 2.0 * max(0.0, va - e.speed)
+                if c0 - half - hl - back < ax < c1 + half + hl + 2.0:
+                    return front
             return math.inf
         return math.inf
+
+
+@dataclass
+class _Crossing:
+    """One junction on the route, and which of its lanes cross or merge with our way through."""
+
+    entry: float  # route arc length of the last point before the junction
+    vmax: float  # our curvature speed limit through it
+    path: np.ndarray  # our route points from the entry to EXIT_TAIL past the exit
+    path_yaw: np.ndarray
+    centre: np.ndarray
+    radius: float
+    points: np.ndarray  # indices of the points of every lane of the junction in the RoadMap
+    conflicts: dict  # junction lane -> (s0, s1, c0, c1): its stretch within CLEARANCE of our path
+    #                  and our route arc lengths where that happens
+    feeders: dict  # lane outside the junction -> [(approach lane, distance from the lane's end to
+    #                the junction, conflicting lanes the approach leads into)]
+
+
+def _crossing(rm: RoadMap, r: Route, i0: int, vcurve: np.ndarray) -> _Crossing:
+    """The junction the route enters after point i0."""
+    lj = int(r.lanes[i0 + 1])
+    jid = int(rm.junction[lj])
+    i1 = i0 + 1
+    while i1 < len(r.lanes) and rm.junction[r.lanes[i1]] == jid:
+        i1 += 1
+    i1 = min(i1, len(r.lanes) - 1)
+    i2 = min(int(np.searchsorted(r.cum, r.cum[i1] + EXIT_TAIL)), len(r.lanes) - 1)
+    path, cum = r.pts[i0:i2 + 1], r.cum[i0:i2 + 1]
+    ours = set(int(v) for v in r.lanes[i0 + 1:i1])
+    lanes = np.flatnonzero(rm.junction == jid)
+    lane_pts = [rm.lane_points(int(L)) for L in lanes]
+    points = np.concatenate([np.arange(rm.offset[L], rm.offset[L + 1]) for L in lanes])
+    allp = rm.pts[points]
+    centre = allp.mean(axis=0)
+    radius = float(np.hypot(allp[:, 0] - centre[0], allp[:, 1] - centre[1]).max())
+    conflicts = {}
+    for L, q in zip(lanes, lane_pts):
+        L = int(L)
+        if L in ours:
+            continue
+        d = np.hypot(q[:, None, 0] - path[None, :, 0], q[:, None, 1] - path[None, :, 1])
+        close = d < CLEARANCE
+        if close.any():
+            rows, cols = np.flatnonzero(close.any(axis=1)), np.flatnonzero(close.any(axis=0))
+            conflicts[L] = (float(rows[0] * rm.ds[L]), float(rows[-1] * rm.ds[L]),
+                            float(cum[cols[0]]), float(cum[cols[-1]]))
+    # lanes leading into conflicting ones (two deep: lanes between junctions can be short), but
+    # not those of our own way in (the vehicles there are behind us or our leaders)
+    j0 = int(np.searchsorted(r.cum, r.cum[i0] - 80.0))
+    mine = set(int(v) for v in r.lanes[j0:i0 + 1])
+    groups: dict = {}  # approach lane (ends at the junction) -> conflicting lanes it leads into
+    for L in conflicts:
+        for A in rm.predecessors(L):
+            A = int(A)
+            if rm.junction[A] < 0 and A not in mine:
+                groups.setdefault(A, []).append(L)
+    feeders: dict = {}  # lane -> [(approach lane, distance from its end to the junction, lanes)]
+    for A, group in groups.items():
+        feeders.setdefault(A, []).append((A, 0.0, group))
+        if rm.length[A] < 40.0:  # lanes between junctions can be short: look one further back
+            for B in rm.predecessors(A):
+                B = int(B)
+                if rm.junction[B] < 0 and B not in mine:
+                    feeders.setdefault(B, []).append((A, float(rm.length[A]), group))
+    vmax = float(np.clip(vcurve[i0:i1 + 1].min(), 2.0, 8.0))
+    return _Crossing(float(r.cum[i0]), vmax, path, r.yaw[i0:i2 + 1], centre, radius, points,
+                     conflicts, feeders)
+
+
+def _match_lanes(rm: RoadMap, cr: _Crossing, x: float, y: float, yaw: float):
+    """The junction lanes (lane, s) a vehicle at (x, y, yaw) is on; None if on none of them."""
+    if math.hypot(x - cr.centre[0], y - cr.centre[1]) > cr.radius + 2.0:
+        return None
+    p = cr.points
+    d = np.hypot(rm.pts[p, 0] - x, rm.pts[p, 1] - y)
+    cand = np.flatnonzero((d < 1.5) & (np.cos(rm.yaw[p] - yaw) > 0.8))
+    if len(cand) == 0:
+        return None
+    out = {}
+    for k in cand[np.argsort(d[cand])]:
+        q = int(p[k])
+        lane = int(rm.point_lane[q])
+        if lane in out:
+            continue
+        along = (x - rm.pts[q, 0]) * math.cos(rm.yaw[q]) + (y - rm.pts[q, 1]) * math.sin(rm.yaw[q])
+        if q == rm.offset[lane] and along < -0.2:
+            continue  # still before the junction
+        out[lane] = max(float(rm.s[q]) + along, 0.0)
+    return list(out.items()) or None
+
+
+def _time_to(dist: float, v: float, a: float, vmax: float) -> float:
+    """Seconds to cover ``dist`` from speed ``v`` accelerating at ``a`` up to ``vmax``."""
+    if dist <= 0.0:
+        return 0.0
+    v = min(max(v, 0.0), vmax)
+    t_acc = (vmax - v) / a
+    d_acc = v * t_acc + 0.5 * a * t_acc * t_acc
+    if dist <= d_acc:
+        return (-v + math.sqrt(v * v + 2.0 * a * dist)) / a
+    return t_acc + (dist - d_acc) / vmax
 
 
 def autopilot_episode(rm: RoadMap, config: SimConfig, seed: int, max_length: float = 3000.0):

@@ -12,6 +12,8 @@ import numba as nb
 import numpy as np
 
 INF = 1e9
+EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
+WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
 
 
 @nb.njit(cache=True, inline="always")
@@ -39,6 +41,47 @@ def poses(offset, ds, length, pts, yaw, lanes, s, out_xy, out_yaw):
         out_xy[i, 0] = x
         out_xy[i, 1] = y
         out_yaw[i] = h
+
+
+@nb.njit(cache=True)
+def junction_lanes_near(origin, cell, nx, ny, start, items, pts, yaw, point_lane, junction, x, y,
+                        qyaw, max_dyaw, radius, out):
+    """The junction lanes with a centre-line point within ``radius`` of (x, y) heading within
+    ``max_dyaw`` of ``qyaw`` (where connectors overlap, a vehicle may be on any of them), written
+    to ``out``; their count is returned. Uses the lane grid of :mod:`drivemind.maps.spatial`."""
+    n = 0
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return n
+    fx = (x - origin[0]) / cell
+    fy = (y - origin[1]) / cell
+    r = int(radius // cell) + 1
+    if fx < -r - 1 or fy < -r - 1 or fx > nx + r + 1 or fy > ny + r + 1:
+        return n  # far outside the map
+    ci = int(math.floor(fx))
+    cj = int(math.floor(fy))
+    for i in range(max(ci - r, 0), min(ci + r + 1, nx)):
+        for j in range(max(cj - r, 0), min(cj + r + 1, ny)):
+            c = i * ny + j
+            for k in range(start[c], start[c + 1]):
+                p = items[k]
+                lane = point_lane[p]
+                if junction[lane] < 0:
+                    continue
+                dx = pts[p, 0] - x
+                dy = pts[p, 1] - y
+                if dx * dx + dy * dy > radius * radius:
+                    continue
+                if abs((yaw[p] - qyaw + math.pi) % (2 * math.pi) - math.pi) > max_dyaw:
+                    continue
+                seen = False
+                for q in range(n):
+                    if out[q] == lane:
+                        seen = True
+                        break
+                if not seen and n < out.shape[0]:
+                    out[n] = lane
+                    n += 1
+    return n
 
 
 @nb.njit(cache=True, inline="always")
@@ -176,7 +219,8 @@ def traffic_step(
     # lights
     light_state,
     # ego and walkers as obstacles
-    ego_xy, ego_r, ego_lane, ego_s, walker_xy, walker_on_road,
+    ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj,
+    walker_xy, walker_on_road,
     rnd,
     # params
     s0, T, bmax, lookahead, req_extra,
@@ -185,6 +229,14 @@ def traffic_step(
 ):
     n = lane.shape[0]
     K = path.shape[1]
+    # the ego's body as EGO_CIRCLES circles along its length that cover its box (one circle round
+    # the whole box would reach into the next lane and stop the traffic there)
+    ego_circ = np.empty((EGO_CIRCLES, 2))
+    ego_circ_r = np.full(EGO_CIRCLES, math.hypot(ego_hw, ego_hl / EGO_CIRCLES))
+    for m in range(EGO_CIRCLES):
+        along = (2.0 * m + 1.0 - EGO_CIRCLES) * ego_hl / EGO_CIRCLES
+        ego_circ[m, 0] = ego_xy[0] + along * math.cos(ego_yaw)
+        ego_circ[m, 1] = ego_xy[1] + along * math.sin(ego_yaw)
     # ---- pass 1: next junction connector and whether each vehicle must ask for it
     nxt_c = np.full(n, -1, np.int64)
     nxt_k = np.full(n, -1, np.int64)
@@ -213,6 +265,19 @@ def traffic_step(
             if cum > lookahead:
                 break
     # ---- pass 2: grant junction connectors, longest-waiting first
+    # the ego coming up to a junction, first on its lane and too fast or too close to stop short of
+    # it (unless it faces a red light), claims every connector it may take: none crossing them is
+    # granted meanwhile
+    ego_coming = False
+    if ego_lane >= 0 and junction[ego_lane] < 0 and ego_v > 0.5:
+        li = lane_light[ego_lane]
+        if (li < 0 or light_state[li] != 2) and \
+                length[ego_lane] - ego_s - ego_r < ego_v * ego_v / 6.0 + 3.0:
+            ego_coming = True
+            for j in range(n):
+                if lane[j] == ego_lane and s[j] > ego_s:
+                    ego_coming = False
+                    break
     req = np.empty(n, np.int64)
     nr = 0
     for i in range(n):
@@ -256,16 +321,28 @@ def traffic_step(
                     break
             if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
                 ok = False
+            for q in range(ego_nj):  # junction lanes the ego may be on
+                if ok and conflict[c, ego_jlanes[q]]:
+                    ok = False
+            if ok and ego_coming:
+                for q in range(succ.shape[1]):
+                    e = succ[ego_lane, q]
+                    if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
+                        ok = False
+                        break
             if ok:
-                # the connector must not pass through the ego
+                # the connector must not pass through the ego (its body as circles along its length)
                 a = offset[c]
                 b = offset[c + 1]
-                for p in range(a, b, 2):
-                    dx = pts[p, 0] - ego_xy[0]
-                    dy = pts[p, 1] - ego_xy[1]
-                    lim = ego_r + hw[i] + 1.0
-                    if dx * dx + dy * dy < lim * lim:
-                        ok = False
+                lim = ego_circ_r[0] + hw[i] + 1.0
+                for p in range(a, b):
+                    for m in range(ego_circ.shape[0]):
+                        dx = pts[p, 0] - ego_circ[m, 0]
+                        dy = pts[p, 1] - ego_circ[m, 1]
+                        if dx * dx + dy * dy < lim * lim:
+                            ok = False
+                            break
+                    if not ok:
                         break
             if ok:
                 # room on the exit lane for this vehicle, counting those already granted into it
@@ -297,8 +374,6 @@ def traffic_step(
     # ---- pass 3: IDM acceleration
     wbuf = np.empty((walker_xy.shape[0], 2))  # walkers near the vehicle under consideration
     wrad = np.full(walker_xy.shape[0], 0.6)
-    eo = ego_xy.reshape(1, 2)  # the ego as one obstacle circle
-    er = np.full(1, ego_r)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -337,8 +412,8 @@ def traffic_step(
         dx = ego_xy[0] - xy[i, 0]
         dy = ego_xy[1] - xy[i, 1]
         if dx * dx + dy * dy < (lookahead * 0.5) ** 2:
-            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], eo, er,
-                              lookahead * 0.5, 1.0)
+            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], ego_circ,
+                              ego_circ_r, lookahead * 0.5, 1.0)
             if g < gap:
                 gap = g
                 vl = 0.0
@@ -426,8 +501,10 @@ def traffic_step(
 def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh_yaw, veh_ext,
                  clear_time, clear_dist, wait_lo, wait_hi, rnd):
     """Walkers cross the road between a and b (ping-pong) when no vehicle is near; they stand on
-    the kerb between crossings, and while crossing they stop rather than step into a vehicle.
-    state: 0 waiting, 1 crossing."""
+    the kerb between crossings, and while crossing they stop rather than step into a vehicle. One
+    kept from going on for WALKER_GIVE_UP seconds turns back to the kerb it came from (a car that
+    stopped for it right beside it would otherwise wait for it for ever, and it for the car).
+    state: 0 waiting, 1 crossing; timer: seconds left to wait, or (crossing) seconds blocked."""
     for w in range(pos.shape[0]):
         if state[w] == 0:
             timer[w] -= dt
@@ -445,6 +522,7 @@ def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh
                     break
             if clear:
                 state[w] = 1
+                timer[w] = 0.0
             else:
                 timer[w] = 0.5
         else:
@@ -480,3 +558,12 @@ def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh
                 if not blocked:
                     pos[w, 0] += dx / d * step
                     pos[w, 1] += dy / d * step
+                    timer[w] = 0.0
+                else:
+                    timer[w] += dt
+                    if timer[w] > WALKER_GIVE_UP:  # back where it came from
+                        for k in range(2):
+                            tmp = a[w, k]
+                            a[w, k] = b[w, k]
+                            b[w, k] = tmp
+                        timer[w] = 0.0

@@ -64,6 +64,8 @@ class LiteWorld:
         self.lights = tab["lights"]
         self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
         self._grid = lane_grid(roadmap)
+        self._ego_jlanes = np.full(16, -1, np.int64)  # junction lanes the ego may be on
+        self._lane_junction, self._lane_length = roadmap.junction.tolist(), roadmap.length.tolist()
         self._m = (roadmap.offset, roadmap.ds, roadmap.length, roadmap.pts, roadmap.yaw)
         self.frame = 0
         self.time = 0.0
@@ -197,6 +199,13 @@ class LiteWorld:
         p = nearest_point(*self._grid.args(), self.map.pts, self.map.yaw, e["x"], e["y"], e["yaw"],
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
+        # in a junction, where connectors overlap, the ego may be on any of several
+        nj = 0
+        if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
+                or self._lane_length[ego_lane] - ego_s < 2.5):
+            nj = K.junction_lanes_near(*self._grid.args(), self.map.pts, self.map.yaw,
+                                       self.map.point_lane, self.map.junction, e["x"], e["y"],
+                                       e["yaw"], math.pi / 4, 2.0, self._ego_jlanes)
         n = len(self.v_lane)
         if n:
             K.traffic_step(
@@ -206,7 +215,9 @@ class LiteWorld:
                 self.v_entered, self.v_wait,
                 self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
                 self.light_state,
-                np.array([e["x"], e["y"]]), ego_r, ego_lane, ego_s, self.w_xy, self.w_state == 1,
+                np.array([e["x"], e["y"]]), e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
+                self._ego_jlanes, nj,
+                self.w_xy, self.w_state == 1,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw,
