@@ -7,6 +7,23 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      world.step is timed, after a warm-up), pinned to one core by default. Reports steps_per_s,
      npc_collisions (new contacts among background actors), actor counts, and how freely
      traffic flowed (mean NPC speed, share of NPCs stopped at the end).
+
+    python scripts/bench.py env --town Town02 --density regular --seconds 300
+
+env: the full Gymnasium env step (world + 15x192x192 BEV + observation + facts), the ego driven
+     by the built-in autopilot (its own time excluded) and, separately, by uniform random actions;
+     then highway-env's intersection-v0 with a 128x128 grayscale observation (stack of 4), the same
+     0.1 s per step (simulation and policy frequency 10 Hz) and random continuous actions, in the
+     same process on the same core. Reports steps_per_s, highway_env_steps_per_s and
+     ratio_vs_highway_env. Resets are not timed for either. Needs the bench extra for the peer:
+     pip install -e ".[bench]".
+
+    python scripts/bench.py autopilot --town Town02 --density regular
+
+autopilot: the built-in autopilot on the town's 10 fixed evaluation routes (eval mode: one route
+     per episode, the same traffic seeds for every method). Reports route_completion (share of
+     routes reached), collisions, and collisions_caused (all but being hit from behind while
+     slower than the other actor), with every route's outcome.
 """
 
 from __future__ import annotations
@@ -87,17 +104,142 @@ def bench_sim(args) -> dict:
     }
 
 
+def _timed_steps(env, steps, act, seed):
+    """Step ``env`` ``steps`` times; time only env.step. Returns (seconds, resets, stats)."""
+    env.reset(seed=seed)
+    t_step, resets, stats = 0.0, 0, {}
+    for _ in range(steps):
+        a = act()
+        t = time.perf_counter()
+        _, _, term, trunc, info = env.step(a)
+        t_step += time.perf_counter() - t
+        if term or trunc:
+            resets += 1
+            why = info.get("termination") or info.get("truncation") or ("terminated" if term else "truncated")
+            stats[why] = stats.get(why, 0) + 1
+            env.reset()
+    return t_step, resets, stats
+
+
+def bench_env(args) -> dict:
+    import gymnasium as gym
+    import numpy as np
+
+    import drivemind  # noqa: F401  (registers DriveMind-v0)
+
+    pinned = pin_one_core() if args.cores == 1 else False
+    steps = int(round(args.seconds / 0.1))
+    env = gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev)
+    u = env.unwrapped
+    _timed_steps(env, 100, u.expert_action, args.seed)  # warm-up: compiled kernels, raster
+    t_pilot, resets_pilot, why_pilot = _timed_steps(env, steps, u.expert_action, args.seed)
+    rng = np.random.default_rng(args.seed)
+    t_rand, resets_rand, _ = _timed_steps(env, steps, lambda: rng.uniform(-1, 1, 2).astype(np.float32),
+                                          args.seed)
+    out = {
+        "what": "env", "town": u.map.name, "density": args.density, "seed": args.seed,
+        "bev_shape": list(u.bev_cfg.shape), "steps": steps, "dt": u.sim_cfg.dt,
+        "steps_per_s": round(steps / t_pilot, 1), "steps_per_s_random_actions": round(steps / t_rand, 1),
+        "resets_autopilot": resets_pilot, "episode_ends_autopilot": why_pilot,
+        "resets_random_actions": resets_rand,
+    }
+    env.close()
+    try:
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        import highway_env  # noqa: F401
+    except ImportError as exc:
+        out.update(highway_env_steps_per_s=None, ratio_vs_highway_env=None,
+                   highway_env_error=f"{exc}; install the peer with pip install -e \".[bench]\"")
+    else:
+        hw_steps = min(steps, args.peer_steps)
+        cfg = {"observation": {"type": "GrayscaleObservation", "observation_shape": (128, 128),
+                               "stack_size": 4, "weights": [0.2989, 0.5870, 0.1140], "scaling": 1.75},
+               "action": {"type": "ContinuousAction", "longitudinal": True, "lateral": True},
+               "simulation_frequency": 10, "policy_frequency": 10, "duration": 10_000}
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hw = gym.make("intersection-v0", config=cfg)
+            _timed_steps(hw, 20, lambda: rng.uniform(-1, 1, 2).astype(np.float32), args.seed)
+            t_hw, resets_hw, _ = _timed_steps(hw, hw_steps,
+                                              lambda: rng.uniform(-1, 1, 2).astype(np.float32), args.seed)
+        hw_sps = hw_steps / t_hw
+        out.update(highway_env_steps_per_s=round(hw_sps, 1), highway_env_steps=hw_steps,
+                   highway_env_obs_shape=[4, 128, 128], highway_env_resets=resets_hw,
+                   highway_env_version=highway_env.__version__,
+                   ratio_vs_highway_env=round(out["steps_per_s"] / hw_sps, 2),
+                   ratio_vs_highway_env_random_actions=round(out["steps_per_s_random_actions"] / hw_sps, 2))
+        hw.close()
+    out.update(one_core=pinned, **machine())
+    return out
+
+
+def bench_autopilot(args) -> dict:
+    import math
+
+    import gymnasium as gym
+
+    import drivemind  # noqa: F401
+
+    env = gym.make("DriveMind-v0", town=args.town, density=args.density, mode="eval", bev="cpu")
+    u = env.unwrapped
+    n = len(u.eval_route_list)
+    rows = []
+    t0 = time.perf_counter()
+    steps_all = 0
+    for i in range(n):
+        obs, info = env.reset(options={"route_index": i})
+        caused = hit = 0
+        for t in range(args.max_steps):
+            obs, r, term, trunc, info = env.step(u.expert_action())
+            for ev in u.snapshot.collisions:
+                hit += 1
+                e = u.snapshot.ego
+                along = (ev.x - e.x) * math.cos(e.yaw) + (ev.y - e.y) * math.sin(e.yaw)
+                rear_ended = along < 0 and ev.ego_speed <= ev.other_speed
+                caused += not rear_ended
+            if term or trunc:
+                break
+        steps_all += t + 1
+        rows.append({"route": i, "length_m": round(info["route_length"], 1),
+                     "end": info["termination"] or info["truncation"] or "step_limit",
+                     "progress_m": round(info["route_progress"], 1), "time_s": round(info["time"], 1),
+                     "mean_speed_kmh": round(info["distance"] / max(info["time"], 1e-9) * 3.6, 1),
+                     "collisions": hit, "collisions_caused": caused})
+    env.close()
+    done = sum(r["end"] == "arrived" for r in rows)
+    return {"what": "autopilot", "town": u.map.name, "density": args.density, "routes": n,
+            "route_completion": round(done / n, 3),
+            "collisions": sum(r["collisions"] for r in rows),
+            "collisions_caused": sum(r["collisions_caused"] for r in rows),
+            "routes_file": str(u.eval_routes_path), "steps": steps_all,
+            "wall_s": round(time.perf_counter() - t0, 1), "per_route": rows, **machine()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
-    s = sub.add_parser("sim", help="embedded simulator world steps/s and background collisions")
-    s.add_argument("--town", default="Town02")
-    s.add_argument("--density", default="dense")
-    s.add_argument("--seconds", type=float, default=600.0, help="simulated seconds")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--cores", type=int, default=1, help="1 pins the process to one core")
+
+    def timed(name, help, density, seconds):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--town", default="Town02")
+        p.add_argument("--density", default=density)
+        p.add_argument("--seconds", type=float, default=seconds, help="simulated seconds per measurement")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--cores", type=int, default=1, help="1 pins the process to one core")
+        return p
+
+    timed("sim", "embedded simulator world steps/s and background collisions", "dense", 600.0)
+    e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
+    e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
+    e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
+    p = sub.add_parser("autopilot", help="autopilot route completion on the fixed evaluation routes")
+    p.add_argument("--town", default="Town02")
+    p.add_argument("--density", default="regular")
+    p.add_argument("--max-steps", type=int, default=20000, help="step limit per route")
     args = ap.parse_args(argv)
-    result = {"sim": bench_sim}[args.what](args)
+    result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot}[args.what](args)
     print(json.dumps(result))
     return result
 

@@ -3,7 +3,6 @@ skipped when absent), built-in towns, town resolution and bad input."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np

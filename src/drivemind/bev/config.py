@@ -13,7 +13,9 @@ the env's 10 Hz (``-16, -11, -6, -1``: 1.5 s, 1.0 s and 0.5 s ago, and now).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
+
+from ..sim.config import check_options
 
 # channel name -> number of planes it takes (history channels take one per history step)
 STATIC_CHANNELS = ("road", "route", "lane")
@@ -115,10 +117,7 @@ class BevConfig:
         d = dict(d or {})
         preset = d.pop("preset", None)
         base = BEV_PRESETS[_check_preset(preset)] if preset else cls()
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown bev option(s) {sorted(unknown)}; valid: "
-                             f"{sorted(['preset'] + [f.name for f in fields(cls)])}")
+        check_options(cls, d, "bev", extra=("preset",))
         for k in ("channels", "history"):
             if k in d and d[k] is not None:
                 if isinstance(d[k], str):

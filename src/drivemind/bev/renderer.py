@@ -23,7 +23,8 @@ from .config import ALL_CHANNELS, BevConfig
 from .raster import town_raster
 
 VEHICLE_CLS = np.array([int(ActorClass.CAR), int(ActorClass.MOTORCYCLE), int(ActorClass.BICYCLE)],
-                       np.int8)
+                       np.int8)  # consecutive codes: a range test selects them
+assert np.array_equal(VEHICLE_CLS, np.arange(VEHICLE_CLS.min(), VEHICLE_CLS.max() + 1))
 LIGHT_VALUES = np.array([80, 170, 255, 0], np.uint8)  # GREEN, YELLOW, RED, OFF
 
 # colour rendering, drawn in this order (later layers on top); history layers fade with age
@@ -43,7 +44,7 @@ class _Frame:
     def __init__(self, snap: WorldSnapshot):
         a = snap.actors
         self.pos, self.yaw, self.ext = a.pos, a.yaw, a.extent
-        self.vehicle = np.isin(a.cls, VEHICLE_CLS)
+        self.vehicle = (a.cls >= VEHICLE_CLS.min()) & (a.cls <= VEHICLE_CLS.max())
         self.walker = a.cls == int(ActorClass.WALKER)
         self.light_state = np.asarray(snap.lights.state, np.uint8)
 

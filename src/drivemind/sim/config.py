@@ -79,10 +79,7 @@ class SimConfig:
     @classmethod
     def from_dict(cls, d: dict | None) -> "SimConfig":
         d = dict(d or {})
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown sim option(s) {sorted(unknown)}; valid: "
-                             f"{sorted(f.name for f in fields(cls))}")
+        check_options(cls, d, "sim")
         if isinstance(d.get("ego"), dict):
             d["ego"] = _sub(EgoParams, d["ego"], "ego")
         if isinstance(d.get("traffic"), dict):
@@ -94,11 +91,17 @@ class SimConfig:
         return cls(**d)
 
 
-def _sub(klass, d, what):
-    unknown = set(d) - {f.name for f in fields(klass)}
+def check_options(klass, d: dict, what: str, extra: tuple = ()) -> None:
+    """Raise one ValueError naming the unknown keys of ``d`` and the valid ones (``klass``'s
+    dataclass fields plus ``extra``)."""
+    valid = {f.name for f in fields(klass)} | set(extra)
+    unknown = set(d) - valid
     if unknown:
-        raise ValueError(f"unknown sim.{what} option(s) {sorted(unknown)}; valid: "
-                         f"{sorted(f.name for f in fields(klass))}")
+        raise ValueError(f"unknown {what} option(s) {sorted(unknown)}; valid: {sorted(valid)}")
+
+
+def _sub(klass, d, what):
+    check_options(klass, d, f"sim.{what}")
     return klass(**d)
 
 

@@ -1,0 +1,7 @@
+"""The Gymnasium env (registered as ``DriveMind-v0`` when :mod:`drivemind` is imported)."""
+
+from .driving_env import FACT_KEYS, TERMINATIONS, TRUNCATIONS, DriveEnv, EnvConfig
+
+ENV_ID = "DriveMind-v0"
+
+__all__ = ["DriveEnv", "EnvConfig", "ENV_ID", "FACT_KEYS", "TERMINATIONS", "TRUNCATIONS"]

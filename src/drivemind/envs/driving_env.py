@@ -1,0 +1,352 @@
+"""The Gymnasium driving env: routes, termination, observations and per-step facts.
+
+    env = gymnasium.make("DriveMind-v0", town="Town02", density="regular")
+    obs, info = env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+
+It reads only ``WorldSnapshot``s from a backend and the RoadMap, so the backend can be swapped.
+The reward it returns is the task reward (progress along the route, a penalty on failure); every
+other reward is computed later from the facts in ``info`` (see ``FACT_KEYS``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass, fields
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from ..bev import BevConfig, BevRenderer
+from ..maps import load_town
+from ..maps.routing import random_route
+from ..sim.config import DENSITIES, SimConfig, check_options, density_config
+from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
+from .routes import eval_routes
+from .tracker import RouteTracker, corridor_lead, route_stops
+
+BACKENDS = ("lite",)
+MODES = ("train", "eval")
+
+# Per-step facts in ``info`` (all floats): what rewards and metrics are computed from.
+FACT_KEYS = (
+    "speed_kmh", "steer", "throttle", "brake", "accel", "yaw_rate", "lateral_accel", "jerk",
+    "lateral_offset", "heading_error", "lateral_oscillation", "progress", "route_progress",
+    "route_length", "route_remaining", "distance", "routes_completed", "collision",
+    "collision_class", "collision_speed_kmh", "collision_other_speed_kmh", "offroad",
+    "stuck_time", "light_state", "light_distance", "lead_distance", "lead_speed_kmh",
+    "task_reward", "time",
+)
+TERMINATIONS = ("collision", "off_route", "stuck", "arrived")
+TRUNCATIONS = ("distance", "max_steps")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    waypoints: int = 10  # K route points in the observation (DriveMind: 10 every 5 m)
+    waypoint_spacing: float = 5.0  # m
+    max_distance: float = 3000.0  # m driven per episode, then truncation
+    max_route_length: float = 3000.0  # m; longer random routes are resampled
+    min_route_length: float = 50.0
+    arrival_distance: float = 5.0  # m before the goal that counts as arrival
+    max_lateral: float = 3.0  # m off the route centre line: termination
+    stuck_speed_kmh: float = 1.0
+    stuck_time: float = 90.0  # s below stuck_speed_kmh: termination
+    oscillation_window: int = 10  # steps of lateral offset whose std is lateral_oscillation
+    light_range: float = 50.0  # m ahead searched for a traffic light (else light_state -1)
+    lead_range: float = 50.0  # m ahead searched for a lead actor (else lead_distance = range)
+    progress_weight: float = 1.0  # task reward per metre of progress along the route
+    terminal_penalty: float = -10.0  # task reward added on a failure termination
+    speed_scale: float = 10.0  # m/s per unit of the observed speed
+    max_episode_steps: int | None = None  # optional step limit (truncation)
+    eval_traffic_seed: int = 0  # eval mode: route i runs with traffic seed eval_traffic_seed + i
+
+    def __post_init__(self):
+        if isinstance(self.waypoints, bool) or not isinstance(self.waypoints, int) or self.waypoints < 1:
+            raise ValueError(f"env.waypoints must be a positive integer, got {self.waypoints!r}")
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("waypoints", "max_episode_steps", "eval_traffic_seed", "terminal_penalty"):
+                continue
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"env.{f.name} must be a positive number, got {v!r}")
+        if self.max_episode_steps is not None and (not isinstance(self.max_episode_steps, int)
+                                                   or self.max_episode_steps < 1):
+            raise ValueError(f"env.max_episode_steps must be a positive integer or None, got "
+                             f"{self.max_episode_steps!r}")
+        if self.min_route_length >= self.max_route_length:
+            raise ValueError("env.min_route_length must be below env.max_route_length")
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "EnvConfig":
+        d = dict(d or {})
+        check_options(cls, d, "env")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bev_config(bev) -> BevConfig:
+    if bev is None:
+        return BevConfig()
+    if isinstance(bev, BevConfig):
+        return bev
+    if isinstance(bev, str):
+        return BevConfig.from_dict({"preset": bev})
+    if isinstance(bev, dict):
+        return BevConfig.from_dict(bev)
+    raise TypeError(f"bev must be a BevConfig, a preset name or a dict, got {type(bev).__name__}")
+
+
+def _sim_config(density: str, sim) -> SimConfig:
+    if density not in DENSITIES:
+        raise ValueError(f"unknown density {density!r}; valid: {', '.join(DENSITIES)}")
+    if sim is None:
+        return density_config(density)
+    if isinstance(sim, SimConfig):
+        return density_config(density, base=sim)
+    if isinstance(sim, dict):
+        d = dict(sim)
+        counts = {k: d.pop(k) for k in ("vehicles", "walkers", "motorcycles", "bicycles") if k in d}
+        return density_config(density, base=SimConfig.from_dict(d), **counts)
+    raise TypeError(f"sim must be a SimConfig or a dict, got {type(sim).__name__}")
+
+
+class DriveEnv(gym.Env):
+    """Route following in traffic. Observation dict: ``bev`` (uint8 CxHxW masks), ``ego``
+    (speed / speed_scale, steering, yaw rate), ``waypoints`` (K x 2, ego frame, [-1, 1]).
+    Action: Box([-1, 1]^2) = (steer, throttle > 0 / brake < 0)."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, town: str = "grid", density: str = "regular", *, mode: str = "train",
+                 backend: str = "lite", sim=None, bev=None, config=None, routes_file=None,
+                 map_path=None, render_mode: str | None = None, **overrides):
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"unknown render_mode {render_mode!r}; valid: "
+                             f"{', '.join(self.metadata['render_modes'])} or None")
+        if isinstance(config, EnvConfig):
+            config = config.to_dict()
+        self.cfg = EnvConfig.from_dict({**(config or {}), **overrides})
+        self.bev_cfg = _bev_config(bev)
+        self.sim_cfg = _sim_config(density, sim)
+        self.town, self.density, self.mode = town, density, mode
+        self.render_mode = render_mode
+        self.map = load_town(town, search_path=map_path)
+        from ..sim.world import LiteWorld
+        self.world = LiteWorld(self.map, self.sim_cfg)
+        self.bev = BevRenderer(self.map, self.bev_cfg)
+        self._routes_file = routes_file
+        self._eval_routes = None
+        self._eval_i = 0
+        if mode == "eval":  # load (or write) the fixed routes now, so a bad file fails here
+            self._eval_routes, self.eval_routes_path = eval_routes(self.map, routes_file)
+        c = self.cfg
+        ego = self.sim_cfg.ego
+        self.observation_space = spaces.Dict({
+            "bev": spaces.Box(0, 255, self.bev_cfg.shape, np.uint8),
+            "ego": spaces.Box(np.array([0.0, -1.0, -5.0], np.float32),
+                              np.array([ego.max_speed / c.speed_scale, 1.0, 5.0], np.float32),
+                              dtype=np.float32),
+            "waypoints": spaces.Box(-1.0, 1.0, (c.waypoints, 2), np.float32),
+        })
+        self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self._pilot = None
+        self.snapshot: WorldSnapshot | None = None
+        self.tracker: RouteTracker | None = None
+
+    # ------------------------------------------------------------------ routes
+    @property
+    def route(self):
+        return self.tracker.route if self.tracker else None
+
+    @property
+    def eval_route_list(self):
+        if self._eval_routes is None:
+            self._eval_routes, self.eval_routes_path = eval_routes(self.map, self._routes_file)
+        return self._eval_routes
+
+    def _set_route(self, route, snap: WorldSnapshot):
+        self.tracker = RouteTracker(route)
+        self._stops = route_stops(route, snap.lights)
+        e = snap.ego
+        self.tracker.update(e.x, e.y, e.yaw)
+
+    # ------------------------------------------------------------------ gym API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        c = self.cfg
+        if self.mode == "eval":
+            routes = self.eval_route_list
+            i = options.pop("route_index", None)
+            i = self._eval_i if i is None else int(i)
+            if not 0 <= i < len(routes):
+                raise ValueError(f"route_index {i} out of range 0..{len(routes) - 1}")
+            self._eval_i = (i + 1) % len(routes)
+            self.route_index = i
+            route = routes[i]
+            world_seed = c.eval_traffic_seed + i
+        else:
+            route = random_route(self.map, self.np_random, max_length=c.max_route_length,
+                                 min_length=c.min_route_length)
+            self.route_index = -1
+            world_seed = int(self.np_random.integers(2 ** 31 - 1))
+        if options:
+            raise ValueError(f"unknown reset option(s) {sorted(options)}; valid: route_index (eval)")
+        snap = self.world.reset(seed=world_seed, ego_pose=route.start)
+        self.snapshot = snap
+        self._set_route(route, snap)
+        self.steps = 0
+        self.distance = 0.0
+        self.routes_completed = 0
+        self.stuck_time = 0.0
+        self._lat_hist = deque([self.tracker.lateral], maxlen=c.oscillation_window)
+        self._prev_accel = 0.0
+        self.bev.reset()
+        if self._pilot is not None:
+            self._pilot.set_route(route)
+        obs = self._observe(snap)
+        info = self._facts(snap, 0.0, None, 0.0)
+        info.update(termination="", truncation="", route_index=self.route_index, arrived=False)
+        return obs, info
+
+    def step(self, action):
+        a = np.asarray(action, dtype=np.float64)
+        if a.size != 2:
+            raise ValueError(f"action must have 2 values (steer, throttle_brake), got shape {a.shape}")
+        a = a.reshape(2)
+        if not np.all(np.isfinite(a)):
+            raise ValueError(f"action contains a non-finite value: {a.tolist()}; check the policy "
+                             f"output (NaN/inf usually means diverged network weights)")
+        a = np.clip(a, -1.0, 1.0)
+        snap = self.world.step(a)
+        self.snapshot = snap
+        c, e = self.cfg, snap.ego
+        self.steps += 1
+        progress = self.tracker.update(e.x, e.y, e.yaw)
+        self.distance += e.speed * snap.dt
+        self._lat_hist.append(self.tracker.lateral)
+        self.stuck_time = self.stuck_time + snap.dt if e.speed * 3.6 < c.stuck_speed_kmh else 0.0
+        collision = max(snap.collisions, key=lambda ev: ev.ego_speed) if snap.collisions else None
+        termination = ""
+        if collision is not None:
+            termination = "collision"
+        elif abs(self.tracker.lateral) > c.max_lateral:
+            termination = "off_route"
+        elif self.stuck_time > c.stuck_time:
+            termination = "stuck"
+        arrived = not termination and self.tracker.remaining < c.arrival_distance
+        if arrived:
+            self.routes_completed += 1
+            if self.mode == "eval":
+                termination = "arrived"
+        truncation = ""
+        if not termination:
+            if self.distance >= c.max_distance:
+                truncation = "distance"
+            elif c.max_episode_steps is not None and self.steps >= c.max_episode_steps:
+                truncation = "max_steps"
+        if arrived and self.mode == "train" and not truncation:
+            self._new_route(snap)
+        reward = c.progress_weight * progress
+        if termination and termination != "arrived":
+            reward += c.terminal_penalty
+        obs = self._observe(snap)
+        info = self._facts(snap, progress, collision, reward)
+        info.update(termination=termination, truncation=truncation, route_index=self.route_index,
+                    arrived=bool(arrived))
+        return obs, float(reward), bool(termination), bool(truncation), info
+
+    def _new_route(self, snap):
+        c = self.cfg
+        goal = self.route.pts[-1]
+        sp = self.map.spawn
+        start = int(np.argmin(np.hypot(sp[:, 0] - goal[0], sp[:, 1] - goal[1])))
+        route = random_route(self.map, self.np_random, max_length=c.max_route_length,
+                             min_length=c.min_route_length, start=start)
+        self._set_route(route, snap)
+        if self._pilot is not None:
+            self._pilot.set_route(route)
+
+    # ------------------------------------------------------------------ observation and facts
+    def _observe(self, snap: WorldSnapshot) -> dict:
+        e, c = snap.ego, self.cfg
+        ahead = self.tracker.points_ahead(self.bev_cfg.route_ahead)
+        bev = self.bev.step(snap, ahead)
+        ego = np.array([min(e.speed / c.speed_scale, self.observation_space["ego"].high[0]),
+                        e.steer, min(max(e.yaw_rate, -5.0), 5.0)], np.float32)
+        wp = self.tracker.waypoints(e.x, e.y, e.yaw, c.waypoints, c.waypoint_spacing)
+        return {"bev": bev, "ego": ego, "waypoints": wp}
+
+    def _facts(self, snap: WorldSnapshot, progress: float, collision, reward: float) -> dict:
+        e, c, tr = snap.ego, self.cfg, self.tracker
+        hl, hw = e.extent
+        # traffic light ahead on the route
+        light_state, light_dist = -1, c.light_range
+        for cum, li in self._stops:
+            d = cum - tr.s - hl
+            if d < -hl:  # passed
+                continue
+            if d <= c.light_range:
+                st = int(snap.lights.state[li])
+                if st != LightState.OFF:
+                    light_state, light_dist = st, max(d, 0.0)
+            break
+        gap, who = corridor_lead(tr.route, tr.idx, tr.s, e.x, e.y, snap.actors, hl, hw, c.lead_range)
+        lead_speed = float(np.hypot(*snap.actors.velocity[who])) if who >= 0 else 0.0
+        lat = self._lat_hist
+        n = len(lat)
+        mean = sum(lat) / n
+        osc = math.sqrt(sum((v - mean) ** 2 for v in lat) / n) if n > 1 else 0.0
+        jerk = (e.accel - self._prev_accel) / snap.dt
+        self._prev_accel = e.accel
+        return {
+            "speed_kmh": e.speed * 3.6, "steer": e.steer, "throttle": e.throttle, "brake": e.brake,
+            "accel": e.accel, "yaw_rate": e.yaw_rate, "lateral_accel": e.speed * e.yaw_rate,
+            "jerk": jerk, "lateral_offset": tr.lateral, "heading_error": tr.heading_error,
+            "lateral_oscillation": osc,
+            "progress": progress, "route_progress": tr.s, "route_length": tr.route.length,
+            "route_remaining": tr.remaining, "distance": self.distance,
+            "routes_completed": float(self.routes_completed),
+            "collision": float(collision is not None),
+            "collision_class": float(int(collision.other_class)) if collision else 0.0,
+            "collision_speed_kmh": collision.ego_speed * 3.6 if collision else 0.0,
+            "collision_other_speed_kmh": collision.other_speed * 3.6 if collision else 0.0,
+            "offroad": float(collision is not None and collision.other_class == ActorClass.STATIC),
+            "stuck_time": self.stuck_time, "light_state": float(light_state),
+            "light_distance": float(light_dist),
+            "lead_distance": float(min(gap, c.lead_range)), "lead_speed_kmh": lead_speed * 3.6,
+            "task_reward": float(reward), "time": snap.time,
+        }
+
+    # ------------------------------------------------------------------ extras
+    def render(self):
+        if self.render_mode == "rgb_array":
+            if self.snapshot is None:
+                raise RuntimeError("call reset() before render()")
+            return self.bev.rgb()
+        return None
+
+    def expert_action(self) -> np.ndarray:
+        """The built-in autopilot's action for the current step (pure pursuit + IDM)."""
+        if self.snapshot is None:
+            raise RuntimeError("call reset() before expert_action()")
+        if self._pilot is None:
+            from ..sim.autopilot import Autopilot
+            # the backend's table of which light ends each lane (None: the pilot ignores lights)
+            lane_light = getattr(getattr(self.world, "lights", None), "lane_light", None)
+            self._pilot = Autopilot(self.map, self.route, lane_light, self.sim_cfg.ego)
+        if self._pilot.route is not self.route:
+            self._pilot.set_route(self.route)
+        return np.array(self._pilot.act(self.snapshot), np.float32)
+
+    def close(self):
+        self.world.close()

@@ -1,0 +1,161 @@
+"""Where the ego is on its route, and what lies ahead on it.
+
+Reads only a Route, the ego's pose and a WorldSnapshot, so it serves every backend. Used by the
+env for its observations and per-step facts.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..maps.routing import Route
+from ..sim.snapshot import Actors, TrafficLights
+
+LOCATE_BACK, LOCATE_AHEAD = 5, 60  # route points searched around the last position (1 m apart)
+
+
+def route_stops(route: Route, lights: TrafficLights, *, max_dist: float = 1.5,
+                max_dyaw: float = math.radians(60)) -> list[tuple[float, int]]:
+    """``(arc length, light index)`` of every stop line the route crosses, in route order.
+
+    A route crosses a light's stop line where one of its points lies within ``max_dist`` of a
+    stop-line segment while heading the way the light's traffic goes."""
+    segs, owner = [], []
+    for i, s in enumerate(lights.stop_lines):
+        s = np.asarray(s, float).reshape(-1, 2, 2)
+        segs.append(s)
+        owner += [i] * len(s)
+    if not segs or not owner:
+        return []
+    seg = np.concatenate(segs)
+    owner = np.asarray(owner)
+    a, b = seg[:, 0], seg[:, 1]  # (S, 2)
+    ab = b - a
+    L2 = np.maximum((ab ** 2).sum(1), 1e-9)
+    p = route.pts
+    # points near any stop line at all (cheap prefilter on the segment midpoints)
+    mid = 0.5 * (a + b)
+    reach = np.sqrt(L2) / 2 + max_dist
+    stops = {}
+    for k in range(len(seg)):
+        near = np.flatnonzero(np.abs(p[:, 0] - mid[k, 0]) + np.abs(p[:, 1] - mid[k, 1]) < 2 * reach[k])
+        if len(near) == 0:
+            continue
+        ap = p[near] - a[k]
+        t = np.clip((ap @ ab[k]) / L2[k], 0.0, 1.0)
+        d = np.hypot(*(ap - t[:, None] * ab[k]).T)
+        li = int(owner[k])
+        dyaw = np.abs((route.yaw[near] - lights.yaw[li] + np.pi) % (2 * np.pi) - np.pi)
+        sel = (d < max_dist) & (dyaw < max_dyaw)
+        if sel.any():
+            first = route.cum[near[sel][0]]
+            group = sel & (route.cum[near] < first + 2 * max_dist)  # this crossing, not a later one
+            cum = float(route.cum[near[group][np.argmin(d[group])]])
+            if li not in stops or cum < stops[li]:
+                stops[li] = cum
+    return sorted((c, li) for li, c in stops.items())
+
+
+def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, actors: Actors,
+                  ego_half_length: float, ego_half_width: float, horizon: float = 50.0,
+                  margin: float = 0.5):
+    """Nearest actor in the ego's corridor along the route ahead: ``(gap m, index)`` where the gap
+    is bumper to bumper, or ``(inf, -1)``. Actors beside the ego (not ahead of its front) are
+    ignored."""
+    if len(actors) == 0:
+        return math.inf, -1
+    pos, ext = actors.pos, actors.extent
+    near = np.flatnonzero(np.hypot(pos[:, 0] - ex, pos[:, 1] - ey) < horizon + 10.0)
+    if len(near) == 0:
+        return math.inf, -1
+    k = min(int(np.searchsorted(route.cum, here + horizon)), len(route.pts) - 1)
+    pts = route.pts[idx:k + 1]
+    if len(pts) == 0:
+        return math.inf, -1
+    d = np.hypot(pts[None, :, 0] - pos[near, None, 0], pts[None, :, 1] - pos[near, None, 1])
+    reach = np.minimum(ext[near, 0], ext[near, 1] + 0.6)  # lateral reach of the other box
+    hit = d < (reach + ego_half_width + margin)[:, None]
+    best, who = math.inf, -1
+    for a in np.flatnonzero(hit.any(axis=1)):
+        j = int(np.argmin(d[a]))  # the route point nearest the actor: its place along the route
+        along = float(route.cum[idx + j]) - here
+        k = near[a]
+        dyaw = float(actors.yaw[k] - route.yaw[idx + j])
+        half = abs(ext[k, 0] * math.cos(dyaw)) + abs(ext[k, 1] * math.sin(dyaw))  # along the route
+        if along > ego_half_length - 0.5:  # ahead of our front, not beside us
+            g = along - ego_half_length - half
+            if g < best:
+                best, who = g, int(k)
+    return best, who
+
+
+class RouteTracker:
+    """The ego's position along a route: arc length, signed lateral offset (+ right), heading
+    error, and the route ahead."""
+
+    def __init__(self, route: Route):
+        self.route = route
+        self.idx = 0
+        self.s = 0.0
+        self.lateral = 0.0
+        self.heading_error = 0.0
+
+    @property
+    def remaining(self) -> float:
+        return float(self.route.length - self.s)
+
+    def update(self, x: float, y: float, yaw: float) -> float:
+        """Locate the ego; returns the arc-length progress since the last update (m)."""
+        r = self.route
+        n = len(r.pts)
+        lo, hi = max(self.idx - LOCATE_BACK, 0), min(self.idx + LOCATE_AHEAD, n)
+        d = (r.pts[lo:hi, 0] - x) ** 2 + (r.pts[lo:hi, 1] - y) ** 2
+        i = lo + int(np.argmin(d))
+        # project onto the segment after (or before) the nearest point
+        j = i if i + 1 < n else i - 1
+        if j < 0:
+            j = 0
+        p0, p1 = r.pts[j], r.pts[min(j + 1, n - 1)]
+        seg = p1 - p0
+        L = math.hypot(seg[0], seg[1])
+        t = ((x - p0[0]) * seg[0] + (y - p0[1]) * seg[1]) / (L * L) if L > 1e-9 else 0.0
+        if t < 0.0 and j > 0:
+            j -= 1
+            p0, p1 = r.pts[j], r.pts[j + 1]
+            seg = p1 - p0
+            L = math.hypot(seg[0], seg[1])
+            t = ((x - p0[0]) * seg[0] + (y - p0[1]) * seg[1]) / (L * L) if L > 1e-9 else 0.0
+        t = min(max(t, 0.0), 1.0)
+        s = float(r.cum[j] + t * L)
+        if L > 1e-9:
+            tx, ty = seg[0] / L, seg[1] / L
+        else:
+            tx, ty = math.cos(r.yaw[j]), math.sin(r.yaw[j])
+        qx, qy = p0[0] + t * seg[0], p0[1] + t * seg[1]
+        self.lateral = float(-(x - qx) * ty + (y - qy) * tx)  # + to the right (CARLA's frame)
+        self.heading_error = float((yaw - math.atan2(ty, tx) + math.pi) % (2 * math.pi) - math.pi)
+        self.idx = i
+        progress = s - self.s
+        self.s = s
+        return progress
+
+    def points_ahead(self, length: float) -> np.ndarray:
+        r = self.route
+        k = min(int(np.searchsorted(r.cum, self.s + length)) + 1, len(r.pts))
+        return r.pts[max(self.idx - 1, 0):k]
+
+    def waypoints(self, x: float, y: float, yaw: float, k: int, spacing: float) -> np.ndarray:
+        """The next ``k`` route points every ``spacing`` m in the ego frame (forward, right),
+        scaled by ``k * spacing`` and clipped to [-1, 1]. Past the goal they repeat the goal."""
+        r = self.route
+        s = self.s + spacing * np.arange(1, k + 1)
+        px = np.interp(s, r.cum, r.pts[:, 0]) - x
+        py = np.interp(s, r.cum, r.pts[:, 1]) - y
+        c, sn = math.cos(yaw), math.sin(yaw)
+        out = np.empty((k, 2), np.float32)
+        scale = 1.0 / (k * spacing)
+        out[:, 0] = (px * c + py * sn) * scale
+        out[:, 1] = (-px * sn + py * c) * scale
+        return np.clip(out, -1.0, 1.0, out=out)
