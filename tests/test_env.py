@@ -429,3 +429,25 @@ def test_render_rollout_script_writes_a_gif(tmp_path):
     assert im.size == (224 + mod.mask_panel(np.zeros((15, 192, 192), np.uint8), 224).width, 224)
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path / "r.avi")])
+
+
+def test_overtake_and_failure_facts():
+    env = make(density="empty")
+    env.reset(seed=4)
+    env.world.ego["v"] = 8.0
+    env.step(np.zeros(2))
+    snap = env.snapshot
+    e = snap.ego
+    c, s = math.cos(e.yaw), math.sin(e.yaw)
+    # a parked car 8 m ahead in the next lane (4 m to the right), then the ego 14 m further on
+    snap.actors = Actors(np.array([999]), np.array([int(ActorClass.CAR)], np.int8),
+                         np.array([[e.x + 8 * c - 4 * s, e.y + 8 * s + 4 * c]]), np.array([e.yaw]),
+                         np.array([[2.0, 1.0]]), np.zeros((1, 2)))
+    assert env._overtakes(snap) == 0  # seen ahead
+    e.x, e.y = e.x + 14 * c, e.y + 14 * s
+    assert env._overtakes(snap) == 1  # now behind our rear: passed
+    assert env._overtakes(snap) == 0  # counted once
+    env.reset(seed=2)
+    teleport(env, speed=6.0)
+    obs, r, term, trunc, info = drive(env, np.array([-0.5, 0.3]), 200)
+    assert info["termination"] == "off_route" and info["failure"] == 1.0

@@ -37,7 +37,7 @@ FACT_KEYS = (
     "route_length", "route_remaining", "distance", "routes_completed", "collision",
     "collision_class", "collision_speed_kmh", "collision_other_speed_kmh", "offroad",
     "stuck_time", "light_state", "light_distance", "lead_distance", "lead_speed_kmh",
-    "task_reward", "time",
+    "overtakes", "failure", "task_reward", "time",
 )
 TERMINATIONS = ("collision", "off_route", "stuck", "arrived")
 TRUNCATIONS = ("distance", "max_steps")
@@ -210,11 +210,12 @@ class DriveEnv(gym.Env):
         self.stuck_time = 0.0
         self._lat_hist = deque([self.tracker.lateral], maxlen=c.oscillation_window)
         self._prev_accel = 0.0
+        self._beside: dict[int, float] = {}  # actor id -> along-heading offset, for overtakes
         self.bev.reset()
         if self._pilot is not None:
             self._pilot.set_route(route)
         obs = self._observe(snap)
-        info = self._facts(snap, 0.0, None, 0.0)
+        info = self._facts(snap, 0.0, None, 0.0, False)
         info.update(termination="", truncation="", route_index=self.route_index, arrived=False)
         return obs, info
 
@@ -260,7 +261,8 @@ class DriveEnv(gym.Env):
         if termination and termination != "arrived":
             reward += c.terminal_penalty
         obs = self._observe(snap)
-        info = self._facts(snap, progress, collision, reward)
+        info = self._facts(snap, progress, collision, reward,
+                           bool(termination) and termination != "arrived")
         info.update(termination=termination, truncation=truncation, route_index=self.route_index,
                     arrived=bool(arrived))
         return obs, float(reward), bool(termination), bool(truncation), info
@@ -286,7 +288,33 @@ class DriveEnv(gym.Env):
         wp = self.tracker.waypoints(e.x, e.y, e.yaw, c.waypoints, c.waypoint_spacing)
         return {"bev": bev, "ego": ego, "waypoints": wp}
 
-    def _facts(self, snap: WorldSnapshot, progress: float, collision, reward: float) -> dict:
+    def _overtakes(self, snap: WorldSnapshot) -> int:
+        """Vehicles that went from ahead of the ego's front to behind its rear since the last step,
+        within 6 m laterally, while the ego was faster (ASAP's overtake count)."""
+        e, a = snap.ego, snap.actors
+        hl = e.extent[0]
+        c, s = math.cos(e.yaw), math.sin(e.yaw)
+        dx, dy = a.pos[:, 0] - e.x, a.pos[:, 1] - e.y
+        along, lat = dx * c + dy * s, -dx * s + dy * c
+        near = np.flatnonzero((np.abs(along) < 30.0) & (np.abs(lat) < 6.0)
+                              & (a.cls != int(ActorClass.WALKER)))
+        count, now = 0, {}
+        for k in near:
+            aid, x = int(a.id[k]), float(along[k])
+            now[aid] = x
+            before = self._beside.get(aid)
+            speed = math.hypot(a.velocity[k, 0], a.velocity[k, 1])
+            if (before is not None and before > hl + a.extent[k, 0] - 1.0
+                    and x < -(hl + a.extent[k, 0]) + 1.0 and e.speed > speed):
+                count += 1
+                now[aid] = -math.inf  # counted once
+            elif before == -math.inf:
+                now[aid] = -math.inf
+        self._beside = now
+        return count
+
+    def _facts(self, snap: WorldSnapshot, progress: float, collision, reward: float,
+               failure: bool) -> dict:
         e, c, tr = snap.ego, self.cfg, self.tracker
         hl, hw = e.extent
         # traffic light ahead on the route
@@ -324,6 +352,7 @@ class DriveEnv(gym.Env):
             "stuck_time": self.stuck_time, "light_state": float(light_state),
             "light_distance": float(light_dist),
             "lead_distance": float(min(gap, c.lead_range)), "lead_speed_kmh": lead_speed * 3.6,
+            "overtakes": float(self._overtakes(snap)), "failure": float(failure),
             "task_reward": float(reward), "time": snap.time,
         }
 
