@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property
 
 from ..sim.config import check_options
 
@@ -91,15 +92,21 @@ class BevConfig:
                 out.append(c)
         return out
 
+    @cached_property
+    def plane_start(self) -> dict[str, int]:
+        """First output plane of each configured channel (history channels take one per step)."""
+        out, i = {}, 0
+        for c in self.channels:
+            out[c] = i
+            i += len(self.history) if c in HISTORY_CHANNELS else 1
+        return out
+
     def planes(self, channel: str) -> slice | None:
         """Slice of the output planes that ``channel`` occupies (None if not configured)."""
-        i = 0
-        for c in self.channels:
-            n = len(self.history) if c in HISTORY_CHANNELS else 1
-            if c == channel:
-                return slice(i, i + n)
-            i += n
-        return None
+        if channel not in self.plane_start:
+            return None
+        i = self.plane_start[channel]
+        return slice(i, i + (len(self.history) if channel in HISTORY_CHANNELS else 1))
 
     def scaled(self, size: int) -> "BevConfig":
         """The same metric view at another pixel size (used for the RGB rendering)."""

@@ -13,6 +13,7 @@ The renderer keeps the history of actors and light states that the history chann
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -55,7 +56,8 @@ class BevRenderer:
         self.cfg = config if config is not None else BevConfig()
         if not isinstance(self.cfg, BevConfig):
             raise TypeError(f"config must be a BevConfig, got {type(self.cfg).__name__}")
-        self.rgb_cfg = self.cfg.scaled(self.cfg.rgb_size)
+        # the colour view draws every channel (the ego too) over the same window
+        self.rgb_cfg = replace(self.cfg.scaled(self.cfg.rgb_size), channels=ALL_CHANNELS)
         # one raster serves both views; take the finer resolution
         self.raster = town_raster(roadmap, max(self.cfg.pixels_per_meter,
                                                self.rgb_cfg.pixels_per_meter),
@@ -92,7 +94,7 @@ class BevRenderer:
             raise RuntimeError("BevRenderer.rgb() needs a step() first")
         if self._rgb_cache is None:
             snap, route = self._last
-            masks = self._render(self.rgb_cfg, snap, route, channels=ALL_CHANNELS)
+            masks = self._render(self.rgb_cfg, snap, route)
             out = np.zeros((self.rgb_cfg.size, self.rgb_cfg.size, 3), np.uint8)
             K.colorize(masks, *self._palette_arrays, out)
             self._rgb_cache = out
@@ -104,28 +106,16 @@ class BevRenderer:
         key = (id(lt.stop_lines), len(lt))
         if key == self._lights_key:
             return
-        segs, owner = [], []
-        for i, s in enumerate(lt.stop_lines):
-            s = np.asarray(s, float).reshape(-1, 2, 2)
-            segs.append(s)
-            owner += [i] * len(s)
-        self._seg = np.concatenate(segs) if segs else np.zeros((0, 2, 2))
-        self._seg_light = np.asarray(owner, np.int64)
+        self._seg, self._seg_light = lt.stop_line_segments()
         self._lights_key = key
 
     def _frames(self):
         n = len(self._hist)
         return [self._hist[max(h, -n)] for h in self.cfg.history]
 
-    def _render(self, cfg: BevConfig, snap: WorldSnapshot, route_ahead, channels=None) -> np.ndarray:
-        channels = channels or cfg.channels
-        ch = {}
-        i = 0
-        for c in channels:
-            n = len(cfg.history) if c in ("vehicle", "walker", "light") else 1
-            ch[c] = i
-            i += n
-        out = np.zeros((i, cfg.size, cfg.size), np.uint8)
+    def _render(self, cfg: BevConfig, snap: WorldSnapshot, route_ahead) -> np.ndarray:
+        ch = cfg.plane_start
+        out = np.zeros(cfg.shape, np.uint8)
         e = snap.ego
         geo = (float(e.x), float(e.y), float(e.yaw), cfg.size, float(cfg.pixels_per_meter),
                cfg.ego_from_bottom)
@@ -157,10 +147,7 @@ class BevRenderer:
         """Colour look-up per (plane, value) of the ALL_CHANNELS mask stack, and the plane order."""
         cfg = self.rgb_cfg
         H = len(cfg.history)
-        idx, n = {}, 0
-        for c in ALL_CHANNELS:
-            idx[c] = n
-            n += H if c in ("vehicle", "walker", "light") else 1
+        idx, n = cfg.plane_start, cfg.n_channels
         lut = np.zeros((n, 256, 3), np.uint8)
         paint = np.zeros((n, 256), np.bool_)
         order = []

@@ -21,9 +21,10 @@ from gymnasium import spaces
 
 from ..bev import BevConfig, BevRenderer
 from ..maps import load_town
-from ..maps.routing import random_route
+from ..maps.routing import nearest_spawn, random_route
 from ..sim.config import DENSITIES, SimConfig, check_options, density_config
 from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
+from ..sim.world import LiteWorld
 from .routes import eval_routes
 from .tracker import RouteTracker, corridor_lead, route_stops
 
@@ -140,14 +141,13 @@ class DriveEnv(gym.Env):
         self.town, self.density, self.mode = town, density, mode
         self.render_mode = render_mode
         self.map = load_town(town, search_path=map_path)
-        from ..sim.world import LiteWorld
         self.world = LiteWorld(self.map, self.sim_cfg)
         self.bev = BevRenderer(self.map, self.bev_cfg)
         self._routes_file = routes_file
         self._eval_routes = None
         self._eval_i = 0
         if mode == "eval":  # load (or write) the fixed routes now, so a bad file fails here
-            self._eval_routes, self.eval_routes_path = eval_routes(self.map, routes_file)
+            _ = self.eval_route_list
         c = self.cfg
         ego = self.sim_cfg.ego
         self.observation_space = spaces.Dict({
@@ -270,8 +270,7 @@ class DriveEnv(gym.Env):
     def _new_route(self, snap):
         c = self.cfg
         goal = self.route.pts[-1]
-        sp = self.map.spawn
-        start = int(np.argmin(np.hypot(sp[:, 0] - goal[0], sp[:, 1] - goal[1])))
+        start = nearest_spawn(self.map, goal[0], goal[1])
         route = random_route(self.map, self.np_random, max_length=c.max_route_length,
                              min_length=c.min_route_length, start=start)
         self._set_route(route, snap)

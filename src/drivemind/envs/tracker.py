@@ -22,15 +22,9 @@ def route_stops(route: Route, lights: TrafficLights, *, max_dist: float = 1.5,
 
     A route crosses a light's stop line where one of its points lies within ``max_dist`` of a
     stop-line segment while heading the way the light's traffic goes."""
-    segs, owner = [], []
-    for i, s in enumerate(lights.stop_lines):
-        s = np.asarray(s, float).reshape(-1, 2, 2)
-        segs.append(s)
-        owner += [i] * len(s)
-    if not segs or not owner:
+    seg, owner = lights.stop_line_segments()
+    if len(seg) == 0:
         return []
-    seg = np.concatenate(segs)
-    owner = np.asarray(owner)
     a, b = seg[:, 0], seg[:, 1]  # (S, 2)
     ab = b - a
     L2 = np.maximum((ab ** 2).sum(1), 1e-9)
@@ -114,19 +108,11 @@ class RouteTracker:
         d = (r.pts[lo:hi, 0] - x) ** 2 + (r.pts[lo:hi, 1] - y) ** 2
         i = lo + int(np.argmin(d))
         # project onto the segment after (or before) the nearest point
-        j = i if i + 1 < n else i - 1
-        if j < 0:
-            j = 0
-        p0, p1 = r.pts[j], r.pts[min(j + 1, n - 1)]
-        seg = p1 - p0
-        L = math.hypot(seg[0], seg[1])
-        t = ((x - p0[0]) * seg[0] + (y - p0[1]) * seg[1]) / (L * L) if L > 1e-9 else 0.0
+        j = max(i if i + 1 < n else i - 1, 0)
+        p0, seg, L, t = self._project(j, x, y)
         if t < 0.0 and j > 0:
             j -= 1
-            p0, p1 = r.pts[j], r.pts[j + 1]
-            seg = p1 - p0
-            L = math.hypot(seg[0], seg[1])
-            t = ((x - p0[0]) * seg[0] + (y - p0[1]) * seg[1]) / (L * L) if L > 1e-9 else 0.0
+            p0, seg, L, t = self._project(j, x, y)
         t = min(max(t, 0.0), 1.0)
         s = float(r.cum[j] + t * L)
         if L > 1e-9:
@@ -140,6 +126,16 @@ class RouteTracker:
         progress = s - self.s
         self.s = s
         return progress
+
+    def _project(self, j: int, x: float, y: float):
+        """Segment j of the route (start, vector, length) and the position of (x, y) along it
+        as a fraction of its length (unclipped)."""
+        pts = self.route.pts
+        p0 = pts[j]
+        seg = pts[min(j + 1, len(pts) - 1)] - p0
+        L = math.hypot(seg[0], seg[1])
+        t = ((x - p0[0]) * seg[0] + (y - p0[1]) * seg[1]) / (L * L) if L > 1e-9 else 0.0
+        return p0, seg, L, t
 
     def points_ahead(self, length: float) -> np.ndarray:
         r = self.route

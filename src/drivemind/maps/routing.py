@@ -171,6 +171,11 @@ def route_between_points(rm: RoadMap, start_xy, goal_xy, **kw) -> Route:
     return plan_route(rm, (a[0], a[1]), (b[0], b[1]), **kw)
 
 
+def nearest_spawn(rm: RoadMap, x: float, y: float) -> int:
+    """Index of the spawn point nearest (x, y) (where the next route of an episode starts)."""
+    return int(np.argmin(np.hypot(rm.spawn[:, 0] - x, rm.spawn[:, 1] - y)))
+
+
 def random_route(rm: RoadMap, rng: np.random.Generator, *, max_length: float = 3000.0,
                  min_length: float = 50.0, max_tries: int = 200, start: int | None = None) -> Route:
     """A* route between two distinct random spawn points, resampled while over ``max_length``.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..maps.routing import Route, random_route
+from ..maps.routing import Route, nearest_spawn, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
@@ -90,8 +90,7 @@ class Autopilot:
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
         """Follow a new random route starting at the spawn point nearest (x, y)."""
-        sp = self.map.spawn
-        start = int(np.argmin(np.hypot(sp[:, 0] - x, sp[:, 1] - y)))
+        start = nearest_spawn(self.map, x, y)
         self.set_route(random_route(self.map, rng, max_length=max_length, start=start))
         return self.route
 

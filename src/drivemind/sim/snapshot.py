@@ -83,6 +83,13 @@ class TrafficLights:
     def __len__(self) -> int:
         return len(self.id)
 
+    def stop_line_segments(self) -> tuple[np.ndarray, np.ndarray]:
+        """All stop lines as one (S, 2, 2) array, and the light index of each segment (S,)."""
+        segs = [np.asarray(s, float).reshape(-1, 2, 2) for s in self.stop_lines]
+        owner = np.concatenate([np.full(len(s), i, np.int64) for i, s in enumerate(segs)]) \
+            if segs else np.zeros(0, np.int64)
+        return (np.concatenate(segs) if segs else np.zeros((0, 2, 2))), owner
+
 
 @dataclass
 class CollisionEvent:
