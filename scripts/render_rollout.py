@@ -16,27 +16,14 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-from PIL import Image, ImageDraw
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-LIGHTS = {-1: "-", 0: "green", 1: "yellow", 2: "red"}
-
-
-def mask_panel(masks: np.ndarray, height: int) -> Image.Image:
-    """The mask planes tiled in rows of 5, scaled to ``height``."""
-    c, h, w = masks.shape
-    cols = 5
-    rows = -(-c // cols)
-    tiles = np.zeros((rows * h, cols * w), np.uint8)
-    for i in range(c):
-        r, k = divmod(i, cols)
-        tiles[r * h:(r + 1) * h, k * w:(k + 1) * w] = masks[i]
-        tiles[r * h:(r + 1) * h, k * w] = 60  # tile borders
-        tiles[r * h, k * w:(k + 1) * w] = 60
-    img = Image.fromarray(tiles).convert("RGB")
-    return img.resize((int(img.width * height / img.height), height), Image.NEAREST)
+from drivemind.evaluation.video import (  # noqa: E402  (after the path insert)
+    VideoWriter,
+    check_video_path,
+    mask_panel,  # noqa: F401  (re-exported: tests size the panel through this module)
+    render_frame,
+)
 
 
 def main(argv=None) -> dict:
@@ -56,45 +43,26 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     if out.suffix.lower() not in (".gif", ".mp4"):
         ap.error(f"--out must end in .gif or .mp4, got {out.name!r}")
-    if out.suffix.lower() == ".mp4":
-        try:
-            import imageio_ffmpeg  # noqa: F401
-        except ImportError:
-            ap.error('MP4 needs imageio-ffmpeg: pip install -e ".[video]" (or write a .gif)')
+    try:
+        check_video_path(out)
+    except ImportError as e:
+        ap.error(str(e))
 
     env = gym.make("DriveMind-v0", town=args.town, density=args.density, render_mode="rgb_array")
     u = env.unwrapped
     obs, info = env.reset(seed=args.seed)
-    frames, ends = [], []
+    writer = VideoWriter(out, fps=1 / u.sim_cfg.dt)
+    ends = []
     steps = int(round(args.seconds / u.sim_cfg.dt))
     for t in range(steps):
         obs, r, term, trunc, info = env.step(u.expert_action())
-        img = Image.fromarray(env.render())
-        img = img.resize((img.width * args.scale, img.height * args.scale), Image.NEAREST)
-        d = ImageDraw.Draw(img)
-        d.text((6, 6), f"t={info['time']:.1f}s  {info['speed_kmh']:.0f} km/h  "
-                       f"route {info['route_progress']:.0f}/{info['route_length']:.0f} m", fill=(255, 255, 0))
-        d.text((6, 20), f"light {LIGHTS[int(info['light_state'])]}  lead {info['lead_distance']:.0f} m  "
-                        f"routes done {int(info['routes_completed'])}", fill=(255, 255, 0))
-        if args.masks:
-            panel = mask_panel(obs["bev"], img.height)
-            both = Image.new("RGB", (img.width + panel.width, img.height))
-            both.paste(img, (0, 0))
-            both.paste(panel, (img.width, 0))
-            img = both
-        frames.append(np.asarray(img))
+        writer.append(render_frame(env.render(), info, obs["bev"] if args.masks else None, args.scale))
         if term or trunc:
             ends.append(info["termination"] or info["truncation"])
             obs, info = env.reset()
     env.close()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    import imageio.v2 as imageio
-
-    if out.suffix.lower() == ".gif":
-        imageio.mimsave(out, frames, duration=1000 * u.sim_cfg.dt, loop=0)
-    else:
-        imageio.mimsave(out, frames, fps=round(1 / u.sim_cfg.dt))
-    result = {"out": str(out), "frames": len(frames), "town": u.map.name, "density": args.density,
+    writer.close()
+    result = {"out": str(out), "frames": writer.frames, "town": u.map.name, "density": args.density,
               "routes_completed": int(info["routes_completed"]), "episode_ends": ends}
     print(json.dumps(result))
     return result
