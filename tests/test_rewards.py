@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from drivemind.envs import FACT_KEYS, DriveEnv
-from drivemind.rewards import HVFR, REWARDS, Composite, Task, make_reward
+from drivemind.rewards import HVFR, REWARDS, Composite, Revolve, Task, make_reward, reward_params
 
 
 def facts(n=4, **cols):
@@ -91,3 +91,68 @@ def test_bad_input():
         make_reward("chen")({"collision": np.zeros(2), "speed_kmh": np.zeros(2), "steer": np.zeros(2)})
     with pytest.raises(ValueError, match="finite"):
         Composite({"task": (float("nan"), Task())})
+
+
+def test_revolve_value_by_hand():
+    b = facts(speed_kmh=[22.5, 10.0, 22.5, 22.5], lateral_offset=[0, 0.5, 0, 3.5],
+              heading_error=[0, -0.2, 0, 0], jerk=[0, 10.0, 0, 0], lead_distance=[50, 6.0, 50, 50],
+              progress=[0.5, 0, 0, 0], collision=[0, 0, 1, 0], failure=[0, 0, 1, 1])
+    e = np.exp
+    want = [0.3 + 0.2 + 0.1 + 0.1 + 0.1 + 0.2 * np.tanh(1.0),  # in band, centred, 0.5 m/step
+            0.3 * e(-2) + (0.2 + 0.1 + 0.1 + 0.1) * e(-1),  # each error one temperature (speed 2)
+            0.3 + 0.2 + 0.1 + 0.1 + 0.1 - 10,  # collision (its failure is not counted twice)
+            0.3 + 0.2 * e(-7) + 0.1 + 0.1 + 0.1 - 10]  # off-route failure, 3.5 m off centre
+    r = make_reward("revolve")
+    assert np.allclose(r(b), want)
+    parts = r.explain(b)
+    assert set(parts) == {"speed", "center", "heading", "smooth", "headway", "progress",
+                          "collision", "failure"}
+    assert np.allclose(sum(parts.values()), want)
+    assert np.allclose(parts["collision"], [0, 0, -10, 0])
+    assert np.allclose(parts["failure"], [0, 0, 0, -10])
+    # the shaping part of a step stays in [-w_progress, 1], like hvfr and a cruising chen step
+    rng = np.random.default_rng(1)
+    b = facts(n=200, speed_kmh=rng.uniform(0, 60, 200), lateral_offset=rng.uniform(-3, 3, 200),
+              heading_error=rng.uniform(-3, 3, 200), jerk=rng.uniform(-50, 50, 200),
+              lead_distance=rng.uniform(0, 50, 200), progress=rng.uniform(-1, 2, 200))
+    v = r(b)
+    assert np.all((v >= -0.2) & (v <= 1.0))
+
+
+def test_revolve_monotone():
+    r = Revolve()
+    v = r(facts(n=6, speed_kmh=[0, 10, 15, 19, 20, 22.5]))
+    assert np.all(np.diff(v[:5]) > 0)  # closer to the 20-25 km/h band: higher
+    assert v[4] == v[5]  # flat inside the band
+    v = r(facts(n=4, speed_kmh=[25, 30, 40, 60]))
+    assert np.all(np.diff(v) < 0)  # faster than the band: lower
+    v = r(facts(n=4, speed_kmh=[22.5] * 4, lateral_offset=[0, 0.5, -1.0, 2.0]))
+    assert np.all(np.diff(v) < 0)  # larger offset: lower
+    v = r(facts(n=3, speed_kmh=[22.5] * 3, heading_error=[0, 0.1, -0.5]))
+    assert np.all(np.diff(v) < 0)
+    v = r(facts(n=3, speed_kmh=[22.5] * 3, lead_distance=[50, 8, 2]))
+    assert np.all(np.diff(v) < 0)  # closer than the safe gap: lower
+    v = r(facts(n=2, speed_kmh=[22.5] * 2, collision=[0, 1], failure=[0, 1]))
+    assert v[1] < v[0] - 9  # a collision costs about 10
+
+
+def test_make_reward_params():
+    r = make_reward("revolve", w_collision=20.0, speed_min_kmh=10, speed_max_kmh=30)
+    assert r.w_collision == 20.0
+    b = facts(n=2, speed_kmh=[12.0, 12.0], collision=[0, 1])
+    assert r(b)[0] == pytest.approx(1.0 - 0.2)  # 12 km/h is in the widened band; no progress
+    assert r.explain(b)["collision"][1] == -20.0
+    assert make_reward("drivemind_kinematic", rho1=0.5).parts["hvfr"][0] == 0.5
+    assert "temp_speed_kmh" in reward_params("revolve") and "name" not in reward_params("revolve")
+    with pytest.raises(TypeError, match=r"'revolve'.*\['w_sped'\].*valid: speed_min_kmh.*w_collision"):
+        make_reward("revolve", w_sped=1.0)
+    with pytest.raises(TypeError, match=r"\['bogus'\]; valid: v_max_kmh, w_collision"):
+        make_reward("chen", w_lane=1.0, bogus=2)
+    with pytest.raises(TypeError, match=r"\['scale'\]; valid: \(none\)"):
+        make_reward("tirl", scale=2)
+    with pytest.raises(TypeError, match="valid: rho1"):
+        make_reward("drivemind_kinematic", rho2=1.0)
+    with pytest.raises(ValueError, match="temp_offset"):
+        make_reward("revolve", temp_offset=0.0)
+    with pytest.raises(ValueError, match="speed_min_kmh"):
+        make_reward("revolve", speed_min_kmh=30.0)

@@ -1,7 +1,10 @@
 """Rewards as batch functions over stored per-step facts (see :mod:`.base`)."""
 
+import inspect
+
 from .base import Composite, Reward
 from .kinematic import ASAP, HVFR, TIRL, Chen, ChatScene, Task
+from .revolve import Revolve
 
 
 def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
@@ -11,16 +14,31 @@ def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
 
 REWARDS = {
     "task": Task, "hvfr": HVFR, "tirl": TIRL, "chen": Chen, "asap": ASAP, "chatscene": ChatScene,
-    "drivemind_kinematic": _kinematic_drivemind,
+    "revolve": Revolve, "drivemind_kinematic": _kinematic_drivemind,
 }
 
 
-def make_reward(name: str, **kwargs) -> Reward:
-    """A reward by name; unknown names list the valid ones."""
+def reward_params(name: str) -> tuple[str, ...]:
+    """The keyword parameters ``make_reward(name, ...)`` accepts (``name`` itself excluded)."""
     if name not in REWARDS:
         raise ValueError(f"unknown reward {name!r}; valid: {', '.join(REWARDS)}")
+    sig = inspect.signature(REWARDS[name])
+    return tuple(p.name for p in sig.parameters.values()
+                 if p.name != "name" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def make_reward(name: str, **kwargs) -> Reward:
+    """A reward by name, configured by keyword (e.g. a Hydra ``reward.params`` mapping).
+
+    Unknown names list the valid ones; unknown parameters raise one ``TypeError`` that names
+    them and lists the reward's valid parameters."""
+    valid = reward_params(name)
+    bad = [k for k in kwargs if k not in valid]
+    if bad:
+        raise TypeError(f"reward {name!r} got unknown parameter(s) {bad}; valid: "
+                        f"{', '.join(valid) if valid else '(none)'}")
     return REWARDS[name](**kwargs)
 
 
-__all__ = ["ASAP", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite", "Reward", "Task",
-           "make_reward"]
+__all__ = ["ASAP", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite", "Revolve",
+           "Reward", "Task", "make_reward", "reward_params"]
