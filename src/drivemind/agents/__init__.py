@@ -1,0 +1,9 @@
+"""Agents: the papers' feature extractor, SAC with the relabelling replay buffer, PPO with batch
+rewards (SB3 subclasses)."""
+
+from .buffer import EMPTY, INVALID, LABELLED, PENDING, PaletteCodec, RelabelReplayBuffer
+from .extractor import DriveExtractor
+from .sac import DriveSAC, DriveSACPolicy
+
+__all__ = ["DriveExtractor", "DriveSAC", "DriveSACPolicy", "EMPTY", "INVALID", "LABELLED", "PENDING",
+           "PaletteCodec", "RelabelReplayBuffer"]

@@ -1,0 +1,372 @@
+"""A replay buffer that stores each observation once, compactly, beside the facts its reward is
+computed from, and samples only transitions whose reward is known.
+
+Layout (``N = buffer_size // n_envs`` rows, one column per env; a *slot* is ``row * n_envs + env``):
+
+- **Observations once.** Row ``r`` holds the observation the transition at row ``r`` starts from;
+  its next observation is row ``r + 1`` of the same env (written in the same ``add``), unless the
+  episode ended there, in which case the terminal observation is kept in a side table until the
+  row is overwritten. SB3's ``DictReplayBuffer`` stores ``obs`` and ``next_obs`` separately.
+- **Masks as palette codes.** The BEV masks of a pixel (15 uint8 values) are stored as one byte:
+  an index into that frame's palette of the joint values that occur in it (at most
+  ``palette_size``; a frame with more is kept raw in a side table and counted). Lossless for any
+  channel set and value levels. Per-channel bit-packing would need 20 bits per pixel for Roach's
+  levels (lane markings have 3, lights 4); the palette needs 8 plus the palette.
+- **Facts, embeddings, labels.** Each transition keeps the env's per-step facts (``FACT_KEYS``,
+  float32), an optional image-embedding slot (float16, for the semantic rewards) and a label state:
+  ``EMPTY`` (no transition), ``PENDING`` (stored, reward unknown), ``LABELLED``, ``INVALID`` (its
+  reward came out non-finite: counted, never sampled).
+- **Relabelling.** ``label_pending(reward)`` scores the pending transitions in one batch;
+  ``relabel(reward)`` re-scores everything stored (e.g. after changing weights) from the stored
+  facts, without touching observations or the simulator. ``sample`` draws only ``LABELLED`` slots.
+
+The env reward SB3 passes to ``add`` is not used: rewards always come from the reward function.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numba
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
+from stable_baselines3.common.type_aliases import DictReplayBufferSamples
+
+EMPTY, PENDING, LABELLED, INVALID = 0, 1, 2, 3
+LABEL_NAMES = {EMPTY: "empty", PENDING: "pending", LABELLED: "labelled", INVALID: "invalid"}
+
+
+class PaletteCodec:
+    """uint8 C x H x W masks <-> one code byte per pixel + a per-frame palette (P x C)."""
+
+    def __init__(self, shape: tuple[int, int, int], palette_size: int = 64):
+        if not 2 <= palette_size <= 256:
+            raise ValueError(f"palette_size must be in [2, 256] (codes are one byte), got {palette_size}")
+        self.shape, self.P = tuple(shape), int(palette_size)
+        self.C, self.HW = shape[0], shape[1] * shape[2]
+        self._void = np.dtype((np.void, self.C))
+
+    def encode(self, x: np.ndarray):
+        """-> (codes (HW,) uint8, palette (P, C) uint8), or None if the frame has more than P
+        joint values."""
+        pix = np.ascontiguousarray(x.reshape(self.C, self.HW).T)  # HW x C
+        uniq, inv = np.unique(pix.view(self._void).ravel(), return_inverse=True)
+        if len(uniq) > self.P:
+            return None
+        pal = np.zeros((self.P, self.C), np.uint8)
+        pal[:len(uniq)] = uniq.view(np.uint8).reshape(len(uniq), self.C)
+        return inv.astype(np.uint8).ravel(), pal
+
+    def decode(self, codes: np.ndarray, palettes: np.ndarray, scaled: bool = False) -> th.Tensor:
+        """codes (B, HW), palettes (B, P, C) -> B x C x H x W: uint8, or float32 divided by 255
+        when ``scaled`` (what the network reads, written in one pass)."""
+        if scaled:
+            out = np.empty((len(codes), self.C, self.HW), np.float32)
+            _decode(codes, palettes.astype(np.float32) * np.float32(1 / 255), out)
+        else:
+            out = np.empty((len(codes), self.C, self.HW), np.uint8)
+            _decode(codes, palettes, out)
+        return th.from_numpy(out).view(len(codes), *self.shape)
+
+
+@numba.njit(parallel=True, cache=True)
+def _decode(codes, palettes, out):  # pragma: no cover - compiled
+    for b in numba.prange(codes.shape[0]):
+        for c in range(out.shape[1]):
+            for p in range(codes.shape[1]):
+                out[b, c, p] = palettes[b, codes[b, p], c]
+
+
+class RelabelReplayBuffer(ReplayBuffer):
+    """See the module docstring. Drop-in for SB3's off-policy algorithms on Dict observations whose
+    image keys are uint8 C x H x W; extra arguments: ``fact_keys`` (default: the env's
+    ``FACT_KEYS``), ``embedding_dim`` (0 = no slot), ``palette_size``."""
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, fact_keys: tuple[str, ...] | None = None,
+                 embedding_dim: int = 0, palette_size: int = 64, scale_images: bool = False,
+                 check_memory: bool = True):
+        if not isinstance(observation_space, spaces.Dict):
+            raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
+        BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
+        if fact_keys is None:
+            from ..envs import FACT_KEYS
+            fact_keys = FACT_KEYS
+        self.buffer_size = max(buffer_size // n_envs, 2)
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = handle_timeout_termination
+        self.fact_keys = tuple(fact_keys)
+        self.embedding_dim = int(embedding_dim)
+        self.scale_images = bool(scale_images)  # sample() gives images as float32 in [0, 1]
+        n, e = self.buffer_size, n_envs
+        self.image_keys = [k for k, sp in observation_space.spaces.items()
+                           if sp.dtype == np.uint8 and len(sp.shape) == 3]
+        self.codecs = {k: PaletteCodec(observation_space[k].shape, palette_size) for k in self.image_keys}
+        self.codes = {k: np.zeros((n, e, c.HW), np.uint8) for k, c in self.codecs.items()}
+        self.palettes = {k: np.zeros((n, e, c.P, c.C), np.uint8) for k, c in self.codecs.items()}
+        self.vectors = {k: np.zeros((n, e, *sp.shape), sp.dtype)
+                        for k, sp in observation_space.spaces.items() if k not in self.codecs}
+        self.actions = np.zeros((n, e, self.action_dim), np.float32)
+        self.rewards = np.zeros((n, e), np.float32)
+        self.dones = np.zeros((n, e), np.float32)
+        self.timeouts = np.zeros((n, e), np.float32)
+        self.facts = np.zeros((n, e, len(self.fact_keys)), np.float32)
+        self.labels = np.zeros((n, e), np.uint8)
+        self.embeddings = (np.zeros((n, e, self.embedding_dim), np.float16)
+                           if self.embedding_dim else None)
+        self.terminal: dict[int, dict] = {}  # slot -> encoded terminal next observation
+        self.raw: dict[tuple[str, int, int], np.ndarray] = {}  # (key, row, env) -> frame too rich for a palette
+        self._obs_ready = np.zeros(e, bool)  # row `pos` already holds this env's current observation
+        self.nonfinite_rewards = 0
+        self.palette_overflows = 0
+        self._warned_nonfinite = False
+        if check_memory:
+            self._check_memory()
+
+    # ------------------------------------------------------------------ memory
+    def nbytes(self) -> int:
+        """Bytes held by the buffer's arrays and side tables (arrays are counted in full)."""
+        arrays = [*self.codes.values(), *self.palettes.values(), *self.vectors.values(), self.actions,
+                  self.rewards, self.dones, self.timeouts, self.facts, self.labels]
+        if self.embeddings is not None:
+            arrays.append(self.embeddings)
+        side = sum(v.nbytes for d in self.terminal.values() for v in d.values())
+        side += sum(v.nbytes for v in self.raw.values())
+        return int(sum(a.nbytes for a in arrays) + side)
+
+    def bytes_per_transition(self) -> float:
+        return self.nbytes() / (self.buffer_size * self.n_envs)
+
+    def _check_memory(self):
+        need = self.nbytes()
+        try:
+            import psutil
+            avail = psutil.virtual_memory().available
+        except ImportError:  # pragma: no cover - psutil comes with SB3's extras only
+            return
+        if need > avail:
+            raise MemoryError(
+                f"the replay buffer needs {need / 1e9:.2f} GB for {self.buffer_size * self.n_envs} "
+                f"transitions ({self.bytes_per_transition() / 1e3:.1f} kB each) but only "
+                f"{avail / 1e9:.2f} GB are available: lower algo.buffer_size")
+
+    # ------------------------------------------------------------------ writing
+    def _encode(self, obs: dict, i: int) -> dict:
+        """One env's observation, encoded (for the terminal side table)."""
+        out = {}
+        for k, codec in self.codecs.items():
+            enc = codec.encode(np.asarray(obs[k][i]))
+            if enc is None:
+                self.palette_overflows += 1
+                out[k + ":raw"] = np.array(obs[k][i], np.uint8)
+            else:
+                out[k + ":codes"], out[k + ":palette"] = enc
+        for k, arr in self.vectors.items():
+            out[k] = np.array(obs[k][i], arr.dtype)
+        return out
+
+    def _write_row(self, row: int, env: int, obs: dict):
+        for k, codec in self.codecs.items():
+            self.raw.pop((k, row, env), None)
+            enc = codec.encode(np.asarray(obs[k][env]))
+            if enc is None:
+                self.palette_overflows += 1
+                self.raw[(k, row, env)] = np.array(obs[k][env], np.uint8)
+            else:
+                self.codes[k][row, env], self.palettes[k][row, env] = enc
+        for k, arr in self.vectors.items():
+            arr[row, env] = obs[k][env]
+
+    def add(self, obs: dict, next_obs: dict, action: np.ndarray, reward: np.ndarray,
+            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        r, nxt = self.pos, (self.pos + 1) % self.buffer_size
+        action = np.asarray(action).reshape(self.n_envs, self.action_dim)
+        for e in range(self.n_envs):
+            slot = r * self.n_envs + e
+            self.terminal.pop(slot, None)
+            if not self._obs_ready[e]:
+                self._write_row(r, e, obs)
+            d = bool(done[e])
+            if d:
+                self.terminal[slot] = self._encode(next_obs, e)
+                self._obs_ready[e] = False
+            else:
+                # the next row's old transition loses its observation now: never sample it again
+                self.labels[nxt, e] = EMPTY
+                self.terminal.pop(nxt * self.n_envs + e, None)
+                self._write_row(nxt, e, next_obs)
+                self._obs_ready[e] = True
+            info = infos[e]
+            try:
+                self.facts[r, e] = [info[k] for k in self.fact_keys]
+            except KeyError as err:
+                raise KeyError(f"the env's info lacks the fact {err.args[0]!r} the replay buffer stores "
+                               f"(fact_keys: {list(self.fact_keys)}); is the env DriveMind-v0?") from None
+            self.timeouts[r, e] = float(self.handle_timeout_termination and d
+                                        and info.get("TimeLimit.truncated", False))
+        self.actions[r] = action
+        self.dones[r] = np.asarray(done, np.float32)
+        self.rewards[r] = 0.0
+        self.labels[r] = PENDING
+        if self.embeddings is not None:
+            self.embeddings[r] = 0
+        self.pos = nxt
+        if self.pos == 0:
+            self.full = True
+
+    def truncate_last_trajectory(self):
+        """Before continuing into new episodes (resume): the last transition of each env keeps its
+        next observation in the side table and is marked as a time-limit end (bootstrapped)."""
+        last = (self.pos - 1) % self.buffer_size
+        nxt = self.pos
+        for e in range(self.n_envs):
+            if not self._obs_ready[e] or self.labels[last, e] == EMPTY:
+                continue
+            one = self._read_rows(np.array([nxt]), np.array([e]), {})
+            self.terminal[last * self.n_envs + e] = self._encode(
+                {k: v.numpy() if isinstance(v, th.Tensor) else v for k, v in one.items()}, 0)
+            self.dones[last, e] = 1.0
+            self.timeouts[last, e] = 1.0
+            self._obs_ready[e] = False
+
+    # ------------------------------------------------------------------ labels
+    def slots(self, state: int | None = None) -> np.ndarray:
+        """Flat slots in a label state (None: every stored transition)."""
+        lab = self.labels.reshape(-1)
+        return np.flatnonzero(lab != EMPTY if state is None else lab == state)
+
+    def counts(self) -> dict[str, int]:
+        c = np.bincount(self.labels.reshape(-1), minlength=4)
+        return {LABEL_NAMES[i]: int(c[i]) for i in range(4)}
+
+    def fact_batch(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Stored facts (and embeddings, as ``embedding``) of the given slots, as a reward batch."""
+        f = self.facts.reshape(-1, len(self.fact_keys))[slots]
+        batch = {k: f[:, i] for i, k in enumerate(self.fact_keys)}
+        if self.embeddings is not None:
+            batch["embedding"] = self.embeddings.reshape(-1, self.embedding_dim)[slots].astype(np.float32)
+        return batch
+
+    def set_embeddings(self, slots: np.ndarray, emb: np.ndarray):
+        if self.embeddings is None:
+            raise ValueError("this buffer has no embedding slot: create it with embedding_dim > 0")
+        self.embeddings.reshape(-1, self.embedding_dim)[slots] = emb
+
+    def label(self, reward_fn, slots: np.ndarray, batch_size: int = 65536) -> dict[str, float]:
+        """(Re)compute the rewards of ``slots`` from their stored facts, in batches. Returns the
+        mean of each reward term over those slots (for the logs)."""
+        slots = np.asarray(slots, np.int64)
+        flat_r, flat_l = self.rewards.reshape(-1), self.labels.reshape(-1)
+        sums: dict[str, float] = {}
+        bad_total = 0
+        for a in range(0, len(slots), batch_size):
+            s = slots[a:a + batch_size]
+            terms = reward_fn.explain(self.fact_batch(s))
+            value = np.sum(np.stack(list(terms.values())), axis=0) if terms else np.zeros(len(s))
+            ok = np.isfinite(value)
+            bad = int((~ok).sum())
+            bad_total += bad
+            if bad:
+                self.nonfinite_rewards += bad
+                if not self._warned_nonfinite:
+                    names = [k for k, v in terms.items() if not np.all(np.isfinite(v))]
+                    warnings.warn(f"reward {getattr(reward_fn, 'name', reward_fn)!r} gave {bad} "
+                                  f"non-finite value(s) (terms {names}); those transitions are "
+                                  f"never sampled (counted in nonfinite_rewards)", stacklevel=2)
+                    self._warned_nonfinite = True
+            flat_r[s] = np.where(ok, value, 0.0)
+            flat_l[s] = np.where(ok, LABELLED, INVALID)
+            for k, v in terms.items():
+                sums[k] = sums.get(k, 0.0) + float(np.sum(v[ok]))
+        n = max(len(slots) - bad_total, 1)
+        return {k: v / n for k, v in sums.items()}
+
+    def label_pending(self, reward_fn, batch_size: int = 65536) -> dict[str, float]:
+        return self.label(reward_fn, self.slots(PENDING), batch_size)
+
+    def relabel(self, reward_fn, batch_size: int = 65536) -> dict[str, float]:
+        """Re-score every stored transition (weights or prompts changed)."""
+        return self.label(reward_fn, self.slots(), batch_size)
+
+    # ------------------------------------------------------------------ reading
+    def _read_rows(self, rows: np.ndarray, envs: np.ndarray, terminal: dict[int, int],
+                   scaled: bool = False) -> dict:
+        """Decoded observations at (rows, envs); positions listed in ``terminal`` (position ->
+        slot) come from the terminal side table instead."""
+        out = {}
+        for k, codec in self.codecs.items():
+            codes = self.codes[k][rows, envs]
+            pals = self.palettes[k][rows, envs]
+            raw_at = {}
+            for i, slot in terminal.items():
+                t = self.terminal[slot]
+                if k + ":raw" in t:
+                    raw_at[i] = t[k + ":raw"]
+                else:
+                    codes[i], pals[i] = t[k + ":codes"], t[k + ":palette"]
+            if self.raw:  # frames that were too rich for a palette (rare)
+                for i, (r, e) in enumerate(zip(rows.tolist(), envs.tolist())):
+                    if i not in terminal and (k, r, e) in self.raw:
+                        raw_at[i] = self.raw[(k, r, e)]
+            x = codec.decode(codes, pals, scaled)
+            for i, frame in raw_at.items():
+                x[i] = th.from_numpy(frame) / 255.0 if scaled else th.from_numpy(frame)
+            out[k] = x
+        for k, arr in self.vectors.items():
+            v = arr[rows, envs]
+            for i, slot in terminal.items():
+                v[i] = self.terminal[slot][k]
+            out[k] = th.from_numpy(v)
+        return out
+
+    def sample(self, batch_size: int, env=None) -> DictReplayBufferSamples:
+        ok = self.slots(LABELLED)
+        if len(ok) == 0:
+            raise RuntimeError("no labelled transitions to sample: store some and call "
+                               "label_pending(reward_fn) first")
+        return self._get_samples(ok[np.random.randint(0, len(ok), size=batch_size)], env)
+
+    def _get_samples(self, slots: np.ndarray, env=None) -> DictReplayBufferSamples:
+        if env is not None:
+            raise ValueError("RelabelReplayBuffer does not support VecNormalize")
+        rows, envs = np.divmod(slots, self.n_envs)
+        nxt_rows = (rows + 1) % self.buffer_size
+        done = self.dones[rows, envs]
+        terminal = {i: int(s) for i, s in enumerate(slots) if done[i] and int(s) in self.terminal}
+        # one decode for obs and next obs together
+        both = self._read_rows(np.concatenate([rows, nxt_rows]), np.concatenate([envs, envs]),
+                               {i + len(rows): s for i, s in terminal.items()}, self.scale_images)
+        b = len(rows)
+        dev = self.device
+        obs = {k: v[:b].to(dev) for k, v in both.items()}
+        nxt = {k: v[b:].to(dev) for k, v in both.items()}
+        return DictReplayBufferSamples(
+            observations=obs,
+            actions=th.from_numpy(self.actions[rows, envs]).to(dev),
+            next_observations=nxt,
+            dones=th.from_numpy(done * (1.0 - self.timeouts[rows, envs])).reshape(-1, 1).to(dev),
+            rewards=th.from_numpy(self.rewards[rows, envs]).reshape(-1, 1).to(dev),
+        )
+
+    def observation(self, slot: int, next: bool = False) -> dict[str, np.ndarray]:
+        """One stored observation (or next observation) as numpy arrays, for inspection/tests."""
+        row, env = divmod(int(slot), self.n_envs)
+        if next:
+            if self.dones[row, env] and slot in self.terminal:
+                d = self._read_rows(np.array([row]), np.array([env]), {0: slot})
+            else:
+                d = self._read_rows(np.array([(row + 1) % self.buffer_size]), np.array([env]), {})
+        else:
+            d = self._read_rows(np.array([row]), np.array([env]), {})
+        return {k: v[0].contiguous().numpy() for k, v in d.items()}
+
+    def stats(self) -> dict[str, float]:
+        c = self.counts()
+        return {**{f"buffer/{k}": v for k, v in c.items()},
+                "buffer/nonfinite_rewards": self.nonfinite_rewards,
+                "buffer/palette_overflows": self.palette_overflows,
+                "buffer/megabytes": self.nbytes() / 1e6}

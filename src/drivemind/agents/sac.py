@@ -1,0 +1,241 @@
+"""SAC on DriveMind-v0: SB3's SAC with a shared encoder and the relabelling replay buffer.
+
+Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
+
+- **Rewards from the reward package.** Before each round of gradient steps, the transitions stored
+  since the last round are scored in one batch by ``reward_fn`` from their stored facts
+  (``RelabelReplayBuffer.label_pending``); the env's reward is not used. ``set_reward(fn)``
+  re-scores the whole buffer. The mean of each reward term is logged under ``reward/``.
+- **One shared encoder** (``DriveExtractor``), trained by the critic loss; the actor reads detached
+  features, and the next observations are encoded once without gradients for both the target
+  critic and the next action (as DrQ-v2 does). Per gradient step that is two CNN forward passes and
+  one backward pass; stock SB3 (separate actor, critic and target encoders) runs five forward
+  passes and three backward passes through CNNs.
+- **Compact storage**: see :mod:`drivemind.agents.buffer`.
+
+Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load, gSDE) is SB3's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3 import SAC
+from stable_baselines3.common.utils import polyak_update
+from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputPolicy
+from torch.nn import functional as F
+
+from .buffer import RelabelReplayBuffer
+from .extractor import DriveExtractor
+
+
+class DriveSACPolicy(MultiInputPolicy):
+    """SAC policy with one feature extractor shared by actor and critic, optimised with the critic.
+    Defaults: ``DriveExtractor`` and 3-layer heads ([256, 256]: two hidden layers + output)."""
+
+    def __init__(self, observation_space, action_space, lr_schedule, net_arch=None,
+                 features_extractor_class=DriveExtractor, features_extractor_kwargs=None,
+                 share_features_extractor: bool = True, **kwargs):
+        if not share_features_extractor:
+            raise ValueError("DriveSACPolicy always shares its encoder; use SB3's MultiInputPolicy "
+                             "for separate actor/critic encoders")
+        super().__init__(observation_space, action_space, lr_schedule,
+                         net_arch=net_arch if net_arch is not None else [256, 256],
+                         features_extractor_class=features_extractor_class,
+                         features_extractor_kwargs=features_extractor_kwargs,
+                         share_features_extractor=True, **kwargs)
+
+    def _build(self, lr_schedule) -> None:
+        self.actor = self.make_actor()
+        self.critic = self.make_critic(features_extractor=self.actor.features_extractor)
+        # the encoder learns from the critic loss only; the actor optimises its own head
+        actor_params = [p for n, p in self.actor.named_parameters() if not n.startswith("features_extractor.")]
+        self.actor.optimizer = self.optimizer_class(actor_params, lr=lr_schedule(1), **self.optimizer_kwargs)
+        self.critic.optimizer = self.optimizer_class(self.critic.parameters(), lr=lr_schedule(1),
+                                                     **self.optimizer_kwargs)
+        self.critic_target = self.make_critic(features_extractor=None)
+        self.critic_target.load_state_dict(self.critic.state_dict())
+        self.critic_target.set_training_mode(False)
+
+    def encode(self, obs, scaled: bool = False) -> th.Tensor:
+        """Features of a batch; ``scaled``: images already float in [0, 1] (the replay buffer
+        decodes them so), which skips SB3's uint8 -> float -> /255 preprocessing passes."""
+        if not scaled:
+            return self.actor.extract_features(obs, self.actor.features_extractor)
+        return self.actor.features_extractor({k: v.float() for k, v in obs.items()})
+
+    def actor_from_features(self, features: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """(squashed action, log prob) from encoded features (the actor's forward after the
+        extractor)."""
+        a = self.actor
+        latent = a.latent_pi(features)
+        mean = a.mu(latent)
+        if a.use_sde:
+            return a.action_dist.log_prob_from_params(mean, a.log_std, latent_sde=latent)
+        log_std = th.clamp(a.log_std(latent), LOG_STD_MIN, LOG_STD_MAX)
+        return a.action_dist.log_prob_from_params(mean, log_std)
+
+
+def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tensor:
+    """Min-able stack of the critic heads' Q values (N x n_critics) on encoded features."""
+    x = th.cat([features, actions], dim=1)
+    return th.cat([q(x) for q in critic.q_networks], dim=1)
+
+
+class DriveSAC(SAC):
+    """See the module docstring. ``reward_fn`` is a :class:`drivemind.rewards.Reward`."""
+
+    policy_aliases = {**SAC.policy_aliases, "DrivePolicy": DriveSACPolicy}
+
+    def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
+                 replay_buffer_kwargs: dict | None = None, **kwargs):
+        self.reward_fn = reward_fn
+        self.reward_name = getattr(reward_fn, "name", None)
+        self.reward_terms: dict[str, float] = {}
+        if replay_buffer_class is None:
+            replay_buffer_class = RelabelReplayBuffer
+            replay_buffer_kwargs = {"scale_images": True, **(replay_buffer_kwargs or {})}
+        super().__init__(policy, env, replay_buffer_class=replay_buffer_class,
+                         replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
+
+    # ------------------------------------------------------------------ rewards
+    def _require_reward(self):
+        if self.reward_fn is None:
+            hint = f" (it was trained with {self.reward_name!r})" if self.reward_name else ""
+            raise ValueError(f"DriveSAC has no reward function{hint}: pass reward_fn= (a drivemind "
+                             f"Reward, e.g. make_reward('drivemind_kinematic')) to the constructor "
+                             f"or to DriveSAC.load, or call set_reward()")
+
+    def label_pending(self) -> int:
+        """Score the transitions stored since the last call (one batch); returns how many."""
+        self._require_reward()
+        buf = self.replay_buffer
+        if not isinstance(buf, RelabelReplayBuffer):
+            return 0
+        n = len(buf.slots(1))
+        if n:
+            self.reward_terms = buf.label_pending(self.reward_fn)
+        return n
+
+    def set_reward(self, reward_fn) -> None:
+        """Switch the reward and re-score every stored transition from its facts."""
+        self.reward_fn = reward_fn
+        self.reward_name = getattr(reward_fn, "name", None)
+        if isinstance(self.replay_buffer, RelabelReplayBuffer):
+            self.reward_terms = self.replay_buffer.relabel(reward_fn)
+
+    def _log_reward(self):
+        for k, v in self.reward_terms.items():
+            self.logger.record(f"reward/{k}", v)
+        if isinstance(self.replay_buffer, RelabelReplayBuffer):
+            for k, v in self.replay_buffer.stats().items():
+                self.logger.record(k, v)
+
+    # ------------------------------------------------------------------ training
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        # the target critic's heads (its encoder copy is unused: next features come from the
+        # online encoder)
+        self._q_params = [p for q in self.critic.q_networks for p in q.parameters()]
+        self._q_target_params = [p for q in self.critic_target.q_networks for p in q.parameters()]
+
+    def train(self, gradient_steps: int, batch_size: int = 64) -> None:
+        self.label_pending()
+        self._log_reward()
+        if not isinstance(self.policy, DriveSACPolicy):  # stock policy: SB3's own update
+            return super().train(gradient_steps, batch_size)
+        policy = self.policy
+        policy.set_training_mode(True)
+        optimizers = [self.actor.optimizer, self.critic.optimizer]
+        if self.ent_coef_optimizer is not None:
+            optimizers.append(self.ent_coef_optimizer)
+        self._update_learning_rate(optimizers)
+        ent_coef_losses, ent_coefs, actor_losses, critic_losses = [], [], [], []
+
+        for step in range(gradient_steps):
+            data = self.replay_buffer.sample(batch_size)
+            if self.use_sde:
+                self.actor.reset_noise()
+            scaled = getattr(self.replay_buffer, "scale_images", False)
+            features = policy.encode(data.observations, scaled)
+            with th.no_grad():
+                next_features = policy.encode(data.next_observations, scaled)
+
+            # entropy coefficient
+            actions_pi, log_prob = policy.actor_from_features(features.detach())
+            log_prob = log_prob.reshape(-1, 1)
+            if self.ent_coef_optimizer is not None and self.log_ent_coef is not None:
+                ent_coef = th.exp(self.log_ent_coef.detach())
+                ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
+                ent_coef_losses.append(ent_coef_loss.item())
+                self.ent_coef_optimizer.zero_grad()
+                ent_coef_loss.backward()
+                self.ent_coef_optimizer.step()
+            else:
+                ent_coef = self.ent_coef_tensor
+            ent_coefs.append(ent_coef.item())
+
+            # critic (and encoder)
+            with th.no_grad():
+                next_actions, next_log_prob = policy.actor_from_features(next_features)
+                next_q = q_from_features(self.critic_target, next_features, next_actions)
+                next_q = th.min(next_q, dim=1, keepdim=True)[0] - ent_coef * next_log_prob.reshape(-1, 1)
+                target_q = data.rewards + (1 - data.dones) * self.gamma * next_q
+            current_q = q_from_features(self.critic, features, data.actions)
+            critic_loss = 0.5 * sum(F.mse_loss(current_q[:, i:i + 1], target_q)
+                                    for i in range(current_q.shape[1]))
+            critic_losses.append(critic_loss.item())
+            self.critic.optimizer.zero_grad()
+            critic_loss.backward()
+            self.critic.optimizer.step()
+
+            # actor on detached features (the critic heads are not stepped by this loss)
+            q_pi = q_from_features(self.critic, features.detach(), actions_pi)
+            actor_loss = (ent_coef * log_prob - th.min(q_pi, dim=1, keepdim=True)[0]).mean()
+            actor_losses.append(actor_loss.item())
+            self.actor.optimizer.zero_grad()
+            actor_loss.backward()
+            self.actor.optimizer.step()
+
+            if step % self.target_update_interval == 0:
+                polyak_update(self._q_params, self._q_target_params, self.tau)
+                polyak_update(self.batch_norm_stats, self.batch_norm_stats_target, 1.0)
+
+        self._n_updates += gradient_steps
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/ent_coef", np.mean(ent_coefs))
+        self.logger.record("train/actor_loss", np.mean(actor_losses))
+        self.logger.record("train/critic_loss", np.mean(critic_losses))
+        if ent_coef_losses:
+            self.logger.record("train/ent_coef_loss", np.mean(ent_coef_losses))
+
+    # ------------------------------------------------------------------ persistence
+    def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
+        super().load_replay_buffer(path, truncate_last_traj)
+        if truncate_last_traj and isinstance(self.replay_buffer, RelabelReplayBuffer):
+            # the run continues in new episodes: close the stored ones at their last transition
+            self.replay_buffer.truncate_last_trajectory()
+
+    def _excluded_save_params(self) -> list[str]:
+        # the reward is passed to load again (its name is saved); the buffer is saved separately
+        return [*super()._excluded_save_params(), "reward_fn", "reward_terms", "_q_params",
+                "_q_target_params"]
+
+    @classmethod
+    def load(cls, path, env=None, device="auto", custom_objects: dict[str, Any] | None = None,
+             reward_fn=None, **kwargs) -> "DriveSAC":
+        """SB3's ``load`` plus ``reward_fn`` (not saved; without it the model predicts but cannot
+        train). Warns when it differs by name from the reward the model was trained with."""
+        model = super().load(path, env=env, device=device, custom_objects=custom_objects, **kwargs)
+        model.reward_terms = {}
+        saved = model.reward_name
+        model.reward_fn = reward_fn
+        if reward_fn is not None:
+            model.reward_name = getattr(reward_fn, "name", None)
+            if saved is not None and saved != model.reward_name:
+                warnings.warn(f"the model was trained with reward {saved!r} and is now given "
+                              f"{model.reward_name!r}", UserWarning, stacklevel=2)
+        return model

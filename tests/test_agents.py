@@ -1,0 +1,271 @@
+"""The relabelling replay buffer, the shared-encoder SAC and the feature extractor.
+
+Observations come from the real env (grid town, 48 px BEV); buffer checks compare what comes back
+out of the buffer with what went in, bit for bit.
+"""
+
+from __future__ import annotations
+
+import warnings
+from functools import partial
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+import drivemind  # noqa: F401
+from drivemind.agents import (INVALID, LABELLED, PENDING, DriveExtractor, DriveSAC,
+                              PaletteCodec, RelabelReplayBuffer)
+from drivemind.envs import FACT_KEYS
+from drivemind.rewards import Reward, make_reward
+
+BEV = {"preset": "cpu", "size": 48, "rgb_size": 32}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    n = th.get_num_threads()
+    th.set_num_threads(1)
+    yield
+    th.set_num_threads(n)
+
+
+def make_env(**kw):
+    return gym.make("DriveMind-v0", town="grid", density="regular", bev=BEV, **kw)
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    """(obs, next_obs, action, done, info) per step of two envs stepping together, with SB3's
+    conventions: on done, next_obs is the terminal observation and obs restarts from a reset."""
+    envs = [make_env(max_episode_steps=37), make_env(max_episode_steps=53)]
+    obs = [e.reset(seed=i)[0] for i, e in enumerate(envs)]
+    steps = []
+    rng = np.random.default_rng(0)
+    for t in range(140):
+        act = rng.uniform(-0.3, 1.0, (2, 2)).astype(np.float32)
+        row = {"obs": obs, "next": [], "done": [], "info": [], "action": act}
+        new = []
+        for i, e in enumerate(envs):
+            o, r, term, trunc, info = e.step(act[i])
+            done = term or trunc
+            info = dict(info, **({"TimeLimit.truncated": trunc and not term} if done else {}))
+            row["next"].append(o)
+            row["done"].append(done)
+            row["info"].append(info)
+            new.append(e.reset()[0] if done else o)
+        steps.append(row)
+        obs = new
+    return envs[0].observation_space, steps
+
+
+def stack(dicts):
+    return {k: np.stack([d[k] for d in dicts]) for k in dicts[0]}
+
+
+def fill(buf, steps):
+    for s in steps:
+        buf.add(stack(s["obs"]), stack(s["next"]), s["action"], np.zeros(2), np.array(s["done"]), s["info"])
+
+
+def test_palette_codec_round_trip(rollout):
+    space, steps = rollout
+    codec = PaletteCodec(space["bev"].shape, 64)
+    for s in steps[::7]:
+        x = s["obs"][0]["bev"]
+        codes, pal = codec.encode(x)
+        assert codes.dtype == np.uint8 and codes.shape == (48 * 48,)
+        assert np.array_equal(codec.decode(codes[None], pal[None]).numpy()[0], x)
+        scaled = codec.decode(codes[None], pal[None], scaled=True).numpy()[0]
+        assert np.allclose(scaled, x / 255.0)
+    rich = np.random.default_rng(0).integers(0, 256, (15, 48, 48), dtype=np.uint8)
+    assert codec.encode(rich) is None  # more joint values than the palette holds
+
+
+def test_buffer_gives_back_every_obs_and_next_obs(rollout):
+    space, steps = rollout
+    buf = RelabelReplayBuffer(100, space, gym.spaces.Box(-1, 1, (2,)), n_envs=2)  # 50 rows: wraps
+    fill(buf, steps)
+    assert buf.full
+    n_rows = buf.buffer_size
+    stored = buf.slots()
+    # the row just written next is invalid only for envs whose next obs overwrote it
+    assert len(stored) >= 2 * n_rows - 2
+    first_t = len(steps) - n_rows
+    for slot in stored:
+        row, env = divmod(int(slot), 2)
+        t = first_t + ((row - buf.pos) % n_rows)
+        s = steps[t]
+        got, nxt = buf.observation(slot), buf.observation(slot, next=True)
+        for k in ("bev", "ego", "waypoints"):
+            assert np.array_equal(got[k], s["obs"][env][k]), (k, t, env)
+            assert np.array_equal(nxt[k], s["next"][env][k]), (k, t, env, "next")
+        facts = buf.facts[row, env]
+        assert np.allclose(facts, [s["info"][env][k] for k in FACT_KEYS])
+        assert buf.dones[row, env] == s["done"][env]
+        assert buf.timeouts[row, env] == float(s["info"][env].get("TimeLimit.truncated", False))
+    assert any(buf.dones.ravel()) and buf.terminal  # terminal observations were exercised
+
+
+def test_memory_layout(rollout):
+    space, _ = rollout
+    buf = RelabelReplayBuffer(1000, space, gym.spaces.Box(-1, 1, (2,)), n_envs=1, palette_size=64)
+    hw, c = 48 * 48, 15
+    assert buf.codes["bev"].dtype == np.uint8 and buf.codes["bev"].shape == (1000, 1, hw)
+    assert buf.palettes["bev"].shape == (1000, 1, 64, c)
+    assert not hasattr(buf, "next_observations")  # next observations are read by index
+    per = hw + 64 * c + 4 * (3 + 20) + 2 * 4 + 3 * 4 + 4 * len(FACT_KEYS) + 1  # obs, action, r/done/timeout, facts, label
+    assert buf.bytes_per_transition() == pytest.approx(per)
+    # the issue's budget: 100k transitions of 15 x 96 x 96 in <= 2 GB
+    big = gym.spaces.Dict({"bev": gym.spaces.Box(0, 255, (15, 96, 96), np.uint8),
+                           "ego": space["ego"], "waypoints": space["waypoints"]})
+    b2 = RelabelReplayBuffer(100, big, gym.spaces.Box(-1, 1, (2,)))
+    assert b2.bytes_per_transition() * 100_000 <= 2e9
+
+
+def test_sample_only_labelled_and_relabel_keeps_observations(rollout):
+    space, steps = rollout
+    buf = RelabelReplayBuffer(400, space, gym.spaces.Box(-1, 1, (2,)), n_envs=2)
+    fill(buf, steps)
+    with pytest.raises(RuntimeError, match="no labelled"):
+        buf.sample(8)
+    pending = buf.slots(PENDING)
+    half = pending[: len(pending) // 2]
+    buf.label(make_reward("task"), half)
+    assert set(buf.slots(LABELLED)) == set(half)
+    allowed = set(np.round(buf.rewards.reshape(-1)[half], 5))
+    unlabelled_times = set(buf.facts.reshape(-1, len(FACT_KEYS))[buf.slots(PENDING), FACT_KEYS.index("time")])
+
+    class Time(Reward):  # reward = the step's sim time: tells which transitions were sampled
+        name, needs = "time", ("time",)
+
+        def terms(self, b):
+            return {"t": b["time"]}
+
+    buf.label(Time(), half)
+    times = set()
+    for _ in range(20):
+        times |= set(buf.sample(64).rewards.numpy().ravel().round(5))
+    labelled_times = set(buf.facts.reshape(-1, len(FACT_KEYS))[half, FACT_KEYS.index("time")].round(5))
+    assert times <= labelled_times
+    assert not times & (set(np.round(list(unlabelled_times), 5)) - labelled_times)
+    assert allowed  # the task rewards were real numbers
+
+    # re-weighting re-scores stored facts; observations stay bit-identical
+    codes, pals = buf.codes["bev"].copy(), buf.palettes["bev"].copy()
+    buf.label_pending(make_reward("chen"))
+    r1 = buf.rewards.copy()
+    buf.relabel(make_reward("chen", w_speed=3.0))
+    assert not np.allclose(r1, buf.rewards)
+    facts = buf.fact_batch(buf.slots())
+    assert np.allclose(buf.rewards.reshape(-1)[buf.slots()],
+                       make_reward("chen", w_speed=3.0)(facts), atol=1e-5)
+    assert np.array_equal(codes, buf.codes["bev"]) and np.array_equal(pals, buf.palettes["bev"])
+
+
+def test_nonfinite_rewards_never_sampled(rollout):
+    space, steps = rollout
+    buf = RelabelReplayBuffer(400, space, gym.spaces.Box(-1, 1, (2,)), n_envs=2)
+    fill(buf, steps[:40])
+
+    class Broken(Reward):
+        name, needs = "broken", ("speed_kmh",)
+
+        def terms(self, b):
+            return {"bad": np.where(np.arange(len(b["speed_kmh"])) % 2 == 0, np.nan, 1.0)}
+
+    with pytest.warns(UserWarning, match="non-finite"):
+        buf.label_pending(Broken())
+    assert buf.nonfinite_rewards == 40 and buf.counts()["invalid"] == 40
+    assert np.all(buf.labels.reshape(-1)[buf.slots(INVALID)] == INVALID)
+    for _ in range(10):
+        assert np.all(buf.sample(32).rewards.numpy() == 1.0)
+
+
+def test_truncate_last_trajectory_keeps_next_obs(rollout):
+    space, steps = rollout
+    buf = RelabelReplayBuffer(400, space, gym.spaces.Box(-1, 1, (2,)), n_envs=2)
+    fill(buf, steps[:10])
+    last = (buf.pos - 1) * 2
+    want = buf.observation(last, next=True)
+    buf.truncate_last_trajectory()
+    assert buf.dones[buf.pos - 1, 0] == 1 and buf.timeouts[buf.pos - 1, 0] == 1
+    fill(buf, steps[50:52])  # a new episode starts in the row that held the next obs
+    got = buf.observation(last, next=True)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_extractor_shapes_and_errors():
+    space = make_env().observation_space
+    ext = DriveExtractor(space, bev_dim=32, state_dim=8)
+    assert ext.features_dim == 32 + 2 * 8
+    obs = {k: th.as_tensor(v[None]).float() for k, v in space.sample().items()}
+    assert ext(obs).shape == (1, 48)
+    small = gym.spaces.Dict({"bev": gym.spaces.Box(0, 255, (15, 32, 32), np.uint8)})
+    with pytest.raises(ValueError, match="36 x 36"):
+        DriveExtractor(small)
+    with pytest.raises(ValueError, match="'bev'"):
+        DriveExtractor(gym.spaces.Dict({"x": gym.spaces.Box(0, 1, (3,))}))
+
+
+def _sac(venv, reward, **kw):
+    pk = dict(net_arch=[32], features_extractor_kwargs=dict(bev_dim=32, state_dim=8))
+    kw = {"learning_starts": 40, **kw}
+    return DriveSAC(env=venv, reward_fn=reward, buffer_size=1000, batch_size=16, seed=0,
+                    device="cpu", policy_kwargs=pk, **kw)
+
+
+def test_sac_trains_on_relabelled_rewards_saves_and_resumes(tmp_path):
+    venv = DummyVecEnv([partial(make_env)] * 2)
+    reward = make_reward("chen")
+    m = _sac(venv, reward)
+    enc = m.policy.actor.features_extractor
+    assert m.policy.critic.features_extractor is enc  # one shared encoder
+    w0 = enc.cnn[0].weight.detach().clone()
+    m.learn(200)
+    assert not th.equal(w0, enc.cnn[0].weight)  # the critic loss trains the encoder
+    buf = m.replay_buffer
+    assert buf.counts()["pending"] == 0 and buf.counts()["labelled"] > 150
+    slots = buf.slots(LABELLED)
+    assert np.allclose(buf.rewards.reshape(-1)[slots], reward(buf.fact_batch(slots)), atol=1e-5)
+    # switching the reward re-scores everything stored
+    m.set_reward(make_reward("tirl"))
+    assert np.all(buf.rewards.reshape(-1)[buf.slots()] <= 0)
+
+    m.save(tmp_path / "m.zip")
+    m.save_replay_buffer(tmp_path / "b.pkl")
+    m2 = DriveSAC.load(tmp_path / "m.zip", env=venv, reward_fn=make_reward("tirl"), device="cpu")
+    m2.load_replay_buffer(tmp_path / "b.pkl")
+    assert m2.replay_buffer.counts() == {**buf.counts()}
+    obs = venv.reset()
+    a1, _ = m.predict(obs, deterministic=True)
+    a2, _ = m2.predict(obs, deterministic=True)
+    assert np.allclose(a1, a2)
+    n = m2.num_timesteps
+    m2.learn(40, reset_num_timesteps=False)
+    assert m2.num_timesteps == n + 40
+    with pytest.warns(UserWarning, match="trained with reward 'tirl'"):
+        DriveSAC.load(tmp_path / "m.zip", env=venv, reward_fn=make_reward("chen"), device="cpu")
+    m3 = DriveSAC.load(tmp_path / "m.zip", env=venv, device="cpu")
+    with pytest.raises(ValueError, match="no reward function.*'tirl'"):
+        m3.label_pending()
+
+
+def test_prescaled_batches_match_sb3_preprocessing():
+    """The buffer decodes images straight to float in [0, 1]; the critic's Q values on such a
+    batch equal SB3's own path (uint8 -> preprocess_obs -> extractor)."""
+    venv = DummyVecEnv([partial(make_env)])
+    m = _sac(venv, make_reward("chen"), learning_starts=30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.learn(31)
+    data = m.replay_buffer.sample(8)
+    p = m.policy
+    f = p.encode(data.observations, scaled=True)
+    q_ours = th.cat([q(th.cat([f, data.actions], 1)) for q in p.critic.q_networks], 1)
+    # SB3's own critic forward from uint8 observations gives the same Q values
+    raw = {k: (v * 255).round().to(th.uint8) if k == "bev" else v for k, v in data.observations.items()}
+    q_sb3 = th.cat(p.critic(raw, data.actions), 1)
+    assert th.allclose(q_ours, q_sb3, atol=1e-5)
