@@ -217,6 +217,65 @@ def bench_autopilot(args) -> dict:
             "wall_s": round(time.perf_counter() - t0, 1), "per_route": rows, **machine()}
 
 
+def _replay_bytes(buf) -> float:
+    """Bytes per stored transition of an SB3 replay buffer (arrays counted in full)."""
+    if hasattr(buf, "bytes_per_transition"):
+        return buf.bytes_per_transition()
+    arrays = [buf.actions, buf.rewards, buf.dones, buf.timeouts]
+    for store in (buf.observations, buf.next_observations):
+        arrays += list(store.values()) if isinstance(store, dict) else [store]
+    return sum(a.nbytes for a in arrays) / (buf.buffer_size * buf.n_envs)
+
+
+def bench_train(args) -> dict:
+    import statistics
+
+    import gymnasium as gym
+    import torch as th
+    from stable_baselines3 import SAC
+
+    import drivemind  # noqa: F401
+    from drivemind.agents import DriveSAC
+    from drivemind.rewards import make_reward
+
+    if args.threads:
+        th.set_num_threads(args.threads)
+    common = dict(buffer_size=args.buffer_size, batch_size=args.batch_size, learning_starts=args.warmup,
+                  train_freq=1, gradient_steps=1, seed=args.seed, verbose=0)
+
+    def env():
+        return gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev)
+
+    models = {
+        "drivemind": DriveSAC(env=env(), reward_fn=make_reward(args.reward), **common),
+        # stock SB3: MultiInputPolicy (NatureCNN per image + flatten), DictReplayBuffer
+        "sb3": SAC("MultiInputPolicy", env(), **common),
+    }
+    obs_shape = list(models["sb3"].observation_space["bev"].shape)
+    for m in models.values():  # fill the buffer past learning_starts, untimed
+        m.learn(args.warmup + 1)
+    rates = {k: [] for k in models}
+    for _ in range(args.rounds):  # alternate, so both see the same machine state
+        for k, m in models.items():
+            t = time.perf_counter()
+            m.learn(args.steps, reset_num_timesteps=False)
+            rates[k].append(args.steps / (time.perf_counter() - t))
+    ours, sb3 = (statistics.median(rates[k]) for k in ("drivemind", "sb3"))
+    bpt = {k: _replay_bytes(m.replay_buffer) for k, m in models.items()}
+    return {
+        "what": "train", "town": args.town, "density": args.density, "bev": obs_shape,
+        "batch_size": args.batch_size, "gradient_steps_per_env_step": 1,
+        "steps_per_s": round(ours, 3), "sb3_steps_per_s": round(sb3, 3),
+        "ratio_vs_sb3": round(ours / sb3, 2),
+        "replay_bytes_per_transition": round(bpt["drivemind"]),
+        "sb3_replay_bytes_per_transition": round(bpt["sb3"]),
+        "replay_gb_100k": round(bpt["drivemind"] * 1e5 / 1e9, 3),
+        "sb3_replay_gb_100k": round(bpt["sb3"] * 1e5 / 1e9, 3),
+        "rounds": {k: [round(v, 3) for v in r] for k, r in rates.items()},
+        "torch_threads": th.get_num_threads(), "torch": th.__version__, **machine(),
+    }
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -238,8 +297,22 @@ def main(argv=None):
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")
     p.add_argument("--max-steps", type=int, default=20000, help="step limit per route")
+    p = sub.add_parser("train", help="SAC env steps/s with gradient steps, ours vs stock SB3, and "
+                                     "replay bytes per transition")
+    p.add_argument("--town", default="grid")
+    p.add_argument("--density", default="regular")
+    p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
+    p.add_argument("--reward", default="drivemind_kinematic")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--buffer-size", type=int, default=100_000)
+    p.add_argument("--warmup", type=int, default=300, help="env steps before learning (untimed)")
+    p.add_argument("--steps", type=int, default=30, help="env steps (each with one gradient step) per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot}[args.what](args)
+    result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
+              "train": bench_train}[args.what](args)
     print(json.dumps(result))
     return result
 

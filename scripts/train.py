@@ -1,0 +1,62 @@
+#!/usr/bin/env python
+"""Train a driving policy (Hydra entry point; configs in configs/).
+
+    python scripts/train.py                                   # CPU defaults: SAC, grid town, regular traffic
+    python scripts/train.py reward=chen algo=ppo town=Town02 density=dense
+    python scripts/train.py experiment=paper                  # the papers' settings (GPU)
+    python scripts/train.py -m reward=chen,revolve seed=0,1,2 # a sweep (one run directory each)
+    python scripts/train.py resume=outputs/runs/<day>/<time>-<name>   # continue a killed run
+
+Every run writes its resolved config, checkpoints, logs and metrics into its own directory
+(outputs/runs/... or outputs/sweeps/...); Ctrl-C saves a checkpoint and exits. The last line of
+stdout is the run's summary as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
+    os.environ.setdefault(_k, "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+
+@hydra.main(config_path="../configs", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> dict:
+    from drivemind.training import train
+    from drivemind.training.build import env_kwargs, town_density
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    resume = c.get("resume")
+    run_dir = Path(resume) if resume else Path(HydraConfig.get().runtime.output_dir)
+    print(f"[drivemind] run directory: {run_dir}", flush=True)
+    summary = train(c, run_dir, resume=bool(resume))
+    ev = c.get("eval") or {}
+    if ev.get("at_end") and summary["status"] == "finished":
+        from drivemind.evaluation import evaluate
+        from drivemind.training.evaluate import load_policy
+
+        town, density = town_density(c)
+        policy, _ = load_policy(run_dir)
+        res = evaluate(policy, town=town, density=density, out_dir=run_dir / "eval" / f"{town}-{density}",
+                       env_kwargs=env_kwargs(c), routes=ev.get("routes"), video_route=ev.get("video_route", 0),
+                       max_steps_per_route=ev.get("max_steps_per_route", 20000),
+                       meta={"run": str(run_dir)})
+        summary["eval"] = {k: res["metrics"][k] for k in ("AS", "RC", "TD", "CS", "SR", "CR")}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    if summary["status"] != "finished":
+        print(f"[drivemind] {summary['status']}: checkpoint saved at {summary['checkpoint']['steps']} "
+              f"steps; continue with: python scripts/train.py resume={run_dir}", flush=True)
+    print(json.dumps(summary, default=str))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""From a resolved config (a plain dict, as Hydra gives it) to envs, reward and agent.
+
+The config layout (``configs/``): ``sim``, ``town``, ``density``, ``obs`` and ``env`` describe the
+env; ``reward`` names a reward and its parameters; ``algo`` names the algorithm and its SB3
+arguments. Every bad choice fails here with the valid ones listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+
+ALGOS = ("sac", "ppo")
+
+
+def _sub(cfg: dict, key: str) -> dict:
+    v = cfg.get(key) or {}
+    if not isinstance(v, dict):
+        raise ValueError(f"config '{key}' must be a mapping, got {v!r}")
+    return dict(v)
+
+
+def env_kwargs(cfg: dict) -> dict:
+    """Keyword arguments for ``DriveEnv`` from the config's sim/obs/env sections (not town,
+    density or mode)."""
+    sim, obs = _sub(cfg, "sim"), _sub(cfg, "obs")
+    backend = sim.pop("backend", "lite")
+    sim.pop("name", None)
+    bev = obs.pop("bev", None)
+    if isinstance(bev, dict):  # null entries mean "the preset's value"
+        bev = {k: v for k, v in bev.items() if v is not None}
+    kw: dict[str, Any] = {"backend": backend, "sim": sim or None, "bev": bev}
+    obs.pop("name", None)
+    kw["config"] = {**_sub(cfg, "env"), **obs}  # waypoints etc. live in obs, the rest in env
+    if cfg.get("map_path"):
+        kw["map_path"] = cfg["map_path"]
+    return kw
+
+
+def town_density(cfg: dict) -> tuple[str, str]:
+    town, density = _sub(cfg, "town"), _sub(cfg, "density")
+    if "name" not in town or "name" not in density:
+        raise ValueError("config needs town.name and density.name (choose town=<name> density=<name>)")
+    return str(town["name"]), str(density["name"])
+
+
+def make_env_fn(cfg: dict, rank: int = 0, mode: str = "train"):
+    """A picklable env constructor (for SubprocVecEnv) wrapped in SB3's Monitor."""
+    from stable_baselines3.common.monitor import Monitor
+
+    import drivemind  # noqa: F401  (registers DriveMind-v0)
+
+    town, density = town_density(cfg)
+    kw = env_kwargs(cfg)
+
+    def make():
+        from ..envs import DriveEnv
+        return Monitor(DriveEnv(town, density, mode=mode, **kw))
+
+    return make
+
+
+def make_vec_env(cfg: dict):
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    n = int(cfg.get("n_envs", 1))
+    if n < 1:
+        raise ValueError(f"n_envs must be >= 1, got {n}")
+    kind = cfg.get("vec_env", "dummy")
+    if kind not in ("dummy", "subproc"):
+        raise ValueError(f"unknown vec_env {kind!r}; valid: dummy, subproc")
+    fns = [make_env_fn(cfg, i) for i in range(n)]
+    venv = SubprocVecEnv(fns) if kind == "subproc" and n > 1 else DummyVecEnv(fns)
+    venv.seed(int(cfg.get("seed", 0)))
+    return venv
+
+
+def make_reward_from_cfg(cfg: dict):
+    from ..rewards import make_reward
+
+    r = _sub(cfg, "reward")
+    if "name" not in r:
+        raise ValueError("config needs reward.name (choose reward=<name>)")
+    return make_reward(str(r["name"]), **dict(r.get("params") or {}))
+
+
+def _policy_kwargs(algo: dict) -> dict:
+    from ..agents import DriveExtractor
+
+    pk = dict(algo.pop("policy_kwargs", None) or {})
+    if pk.pop("extractor", "drive") == "drive":
+        pk.setdefault("features_extractor_class", DriveExtractor)
+    return pk
+
+
+def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
+    """The agent named by ``algo.name`` with the config's SB3 arguments."""
+    algo = _sub(cfg, "algo")
+    name = algo.pop("name", None)
+    if name not in ALGOS:
+        raise ValueError(f"unknown algo {name!r}; valid: {', '.join(ALGOS)}")
+    pk = _policy_kwargs(algo)
+    seed = int(cfg.get("seed", 0))
+    device = cfg.get("device", "auto")
+    common = dict(env=env, reward_fn=reward_fn, policy_kwargs=pk, seed=seed, device=device,
+                  tensorboard_log=tensorboard_log, verbose=int(cfg.get("verbose", 0)))
+    try:
+        if name == "sac":
+            from ..agents import DriveSAC
+            rb = {"palette_size": algo.pop("palette_size", 64),
+                  "embedding_dim": algo.pop("embedding_dim", 0)}
+            return DriveSAC(replay_buffer_kwargs=rb, **common, **algo)
+        from ..agents.ppo import DrivePPO
+        pk.setdefault("share_features_extractor", True)
+        return DrivePPO("MultiInputPolicy", **common, **algo)
+    except TypeError as e:  # an unknown SB3 argument in algo/<name>.yaml or on the command line
+        raise TypeError(f"algo={name}: {e}. Check the keys under 'algo' in the config") from None
+
+
+def observation_signature(space: gym.spaces.Dict) -> dict:
+    """What a checkpoint's observation space must match (shapes and dtypes per key)."""
+    return {k: [list(sp.shape), str(sp.dtype)] for k, sp in space.spaces.items()}
+
+
+def check_compatible(saved: dict, space: gym.spaces.Dict, where: str | Path):
+    now = observation_signature(space)
+    if saved != now:
+        raise ValueError(f"the checkpoint in {where} was trained on observations {saved} but this "
+                         f"config gives {now}; use the run's own obs settings (obs=..., "
+                         f"obs.bev.*) or train a new model")

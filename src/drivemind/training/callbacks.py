@@ -1,0 +1,163 @@
+"""Training callbacks: checkpoints (model + replay buffer), SIGINT save-and-exit, the papers'
+episode metrics in the logs, and non-finite reward reporting."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+from ..evaluation import EpisodeAccumulator, compute_metrics
+
+LATEST = "latest.json"
+
+
+def _atomic_write(path: Path, text: str):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(model, ckpt_dir: Path, with_buffer: bool = True, keep: int = 2) -> dict:
+    """``model_<steps>.zip`` (+ ``buffer_<steps>.pkl``) and ``latest.json`` pointing at them.
+    Files are written under temporary names and renamed, so a kill mid-save leaves the previous
+    checkpoint intact. Only the newest ``keep`` checkpoints are kept."""
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    n = int(model.num_timesteps)
+    entry = {"steps": n, "model": f"model_{n}.zip"}
+    tmp = ckpt_dir / f".model_{n}.zip"
+    model.save(tmp)
+    os.replace(tmp, ckpt_dir / entry["model"])
+    if with_buffer and getattr(model, "replay_buffer", None) is not None:
+        entry["buffer"] = f"buffer_{n}.pkl"
+        tmp = ckpt_dir / f".buffer_{n}.pkl"
+        model.save_replay_buffer(tmp)
+        os.replace(tmp, ckpt_dir / entry["buffer"])
+    _atomic_write(ckpt_dir / LATEST, json.dumps(entry))
+    # prune older checkpoints
+    steps = sorted({int(p.stem.split("_")[1]) for p in ckpt_dir.glob("model_*.zip")})
+    for old in steps[:-keep] if keep > 0 else []:
+        for p in (ckpt_dir / f"model_{old}.zip", ckpt_dir / f"buffer_{old}.pkl"):
+            p.unlink(missing_ok=True)
+    return entry
+
+
+def latest_checkpoint(run_dir: Path) -> dict | None:
+    f = Path(run_dir) / "checkpoints" / LATEST
+    if not f.exists():
+        return None
+    entry = json.loads(f.read_text())
+    for k in ("model", "buffer"):
+        if k in entry:
+            entry[k] = str(f.parent / entry[k])
+    return entry
+
+
+class CheckpointEvery(BaseCallback):
+    """Checkpoint every ``every`` env steps (0: never, only at the end and on SIGINT)."""
+
+    def __init__(self, ckpt_dir: Path, every: int, with_buffer: bool = True, keep: int = 2):
+        super().__init__()
+        self.ckpt_dir, self.every, self.with_buffer, self.keep = Path(ckpt_dir), int(every), with_buffer, keep
+        self._last = 0
+
+    def _on_training_start(self):
+        self._last = self.model.num_timesteps
+
+    def _on_step(self) -> bool:
+        if self.every > 0 and self.model.num_timesteps - self._last >= self.every:
+            save_checkpoint(self.model, self.ckpt_dir, self.with_buffer, self.keep)
+            self._last = self.model.num_timesteps
+        return True
+
+
+class StopOnSignal(BaseCallback):
+    """On SIGINT (Ctrl-C) or SIGTERM: finish the current step, stop learning; the caller saves.
+    A second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.received: str | None = None
+        self._old = {}
+
+    def _handler(self, signum, frame):
+        if self.received is not None:  # second signal: give up on the clean stop
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        print(f"\n[drivemind] {self.received} received: saving a checkpoint, then exiting "
+              f"(press Ctrl-C again to abort without saving)", flush=True)
+
+    def _on_training_start(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread
+                pass
+
+    def _on_training_end(self):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+    def _on_step(self) -> bool:
+        return self.received is None
+
+
+class EpisodeMetrics(BaseCallback):
+    """The papers' training metrics (AS, RC, TD, CS, CR, TCF, DCF, ICT, AC) over the last
+    ``window`` episodes in the logs (``episode/``), every episode to ``episodes.csv``."""
+
+    def __init__(self, csv_path: Path | None = None, window: int = 20):
+        super().__init__()
+        self.csv_path, self.window = csv_path, window
+        self.records = []
+        self._acc: list[EpisodeAccumulator] = []
+        self._fh = None
+        self._writer = None
+
+    def _on_training_start(self):
+        n = self.training_env.num_envs
+        self._acc = [EpisodeAccumulator() for _ in range(n)]
+        for a in self._acc:
+            a.start(None)
+
+    def _on_step(self) -> bool:
+        infos, dones = self.locals["infos"], self.locals["dones"]
+        for i, (info, done) in enumerate(zip(infos, dones)):
+            self._acc[i].add(info)
+            if done:
+                rec = self._acc[i].finish()
+                self._acc[i] = EpisodeAccumulator()
+                self._acc[i].start(None)
+                self._record(rec)
+        return True
+
+    def _record(self, rec):
+        self.records.append(rec)
+        self.records = self.records[-self.window:]
+        m = compute_metrics(self.records, mode="train")
+        for k in ("AS", "RC", "TD", "CS", "CR", "TCF", "DCF", "AC"):
+            v = m.get(k)
+            if v is not None and np.isfinite(v):
+                self.logger.record(f"episode/{k}", v)
+        if self.csv_path is not None:
+            row = {"timesteps": self.model.num_timesteps, **rec.to_dict()}
+            row["collision_speeds_kmh"] = json.dumps(row.get("collision_speeds_kmh", []))
+            if self._writer is None:
+                new = not Path(self.csv_path).exists()
+                self._fh = open(self.csv_path, "a", newline="")
+                self._writer = csv.DictWriter(self._fh, fieldnames=list(row))
+                if new:
+                    self._writer.writeheader()
+            self._writer.writerow(row)
+            self._fh.flush()
+
+    def _on_training_end(self):
+        if self._fh is not None:
+            self._fh.close()
+            self._fh, self._writer = None, None

@@ -1,0 +1,138 @@
+"""One training run: its own output directory with the resolved config, checkpoints (model and
+replay buffer), logs (TensorBoard, CSV, Weights & Biases offline) and metrics; resumable.
+
+    run_dir/
+      config.yaml          the resolved config (resume reads it back)
+      checkpoints/         model_<steps>.zip, buffer_<steps>.pkl, latest.json
+      logs/                TensorBoard events, progress.csv, episodes.csv
+      wandb/               Weights & Biases (offline unless logger.wandb.mode=online)
+      summary.json         steps, wall time, why it stopped, last episode metrics
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from pathlib import Path
+
+import yaml
+
+from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec_env,
+                    observation_signature)
+from .callbacks import CheckpointEvery, EpisodeMetrics, StopOnSignal, latest_checkpoint, save_checkpoint
+
+for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
+    os.environ.setdefault(_k, "1")  # nothing downloads at run time
+
+
+def _setup_logger(model, cfg: dict, run_dir: Path):
+    from stable_baselines3.common.logger import configure
+
+    lcfg = dict(cfg.get("logger") or {})
+    formats = list(lcfg.get("formats") or ["stdout", "csv", "tensorboard"])
+    if "tensorboard" not in formats:
+        formats.append("tensorboard")  # always
+    model.set_logger(configure(str(run_dir / "logs"), formats))
+
+
+def _start_wandb(cfg: dict, run_dir: Path, resume_id: str | None):
+    w = dict((cfg.get("logger") or {}).get("wandb") or {})
+    mode = w.get("mode", "offline")
+    if mode == "disabled":
+        return None
+    if mode not in ("offline", "online"):
+        raise ValueError(f"unknown logger.wandb.mode {mode!r}; valid: offline, online, disabled")
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn("wandb is not installed: Weights & Biases logging is off (pip install wandb)")
+        return None
+    os.environ.setdefault("WANDB_SILENT", "true")
+    run = wandb.init(project=w.get("project", "drivemind"), entity=w.get("entity"), mode=mode,
+                     dir=str(run_dir), name=run_dir.name, config=cfg, sync_tensorboard=True,
+                     id=resume_id, resume="allow" if resume_id else None, reinit="finish_previous")
+    (run_dir / "wandb_id").write_text(run.id)
+    return run
+
+
+def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
+    """Train as ``cfg`` says, writing everything into ``run_dir``. With ``resume``, continue the
+    run in ``run_dir`` from its latest checkpoint (model, optimiser state and replay buffer) with
+    the config saved there."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_dir = run_dir / "checkpoints"
+    entry = None
+    if resume:
+        saved_cfg = run_dir / "config.yaml"
+        entry = latest_checkpoint(run_dir)
+        if entry is None or not saved_cfg.exists():
+            raise FileNotFoundError(f"nothing to resume in {run_dir}: it needs config.yaml and "
+                                    f"checkpoints/latest.json (was the run started by scripts/train.py?)")
+        cfg = {**yaml.safe_load(saved_cfg.read_text()),
+               **{k: cfg[k] for k in ("total_timesteps",) if k in cfg}}
+    else:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    total = int(cfg.get("total_timesteps", 0))
+    if total < 1:
+        raise ValueError(f"total_timesteps must be >= 1, got {total}")
+    reward_fn = make_reward_from_cfg(cfg)
+    venv = make_vec_env(cfg)
+    algo = cfg["algo"]["name"]
+    sig = observation_signature(venv.observation_space)
+    try:
+        if entry is not None:
+            from ..agents import DriveSAC
+            from ..agents.ppo import DrivePPO
+            cls = DriveSAC if algo == "sac" else DrivePPO
+            model = cls.load(entry["model"], env=venv, reward_fn=reward_fn,
+                             device=cfg.get("device", "auto"))
+            check_compatible(json.loads((run_dir / "obs_signature.json").read_text()),
+                             venv.observation_space, run_dir)
+            if entry.get("buffer") and hasattr(model, "load_replay_buffer"):
+                model.load_replay_buffer(entry["buffer"])
+            done = model.num_timesteps
+        else:
+            model = make_model(cfg, venv, reward_fn)
+            (run_dir / "obs_signature.json").write_text(json.dumps(sig))
+            done = 0
+        _setup_logger(model, cfg, run_dir)
+        wid = (run_dir / "wandb_id").read_text().strip() if resume and (run_dir / "wandb_id").exists() else None
+        wb = _start_wandb(cfg, run_dir, wid)
+        stop = StopOnSignal()
+        metrics = EpisodeMetrics(run_dir / "logs" / "episodes.csv",
+                                 window=int(cfg.get("metrics_window", 20)))
+        ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
+                             with_buffer=bool(cfg.get("checkpoint_buffer", True)))
+        t0 = time.perf_counter()
+        reason = "finished"
+        try:
+            model.learn(total_timesteps=max(total - done, 0), callback=[stop, metrics, ck],
+                        log_interval=int(cfg.get("log_interval", 4 if algo == "sac" else 1)),
+                        progress_bar=bool(cfg.get("progress_bar", True)),
+                        reset_num_timesteps=entry is None)
+            if stop.received:
+                reason = f"stopped by {stop.received}"
+        finally:
+            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)))
+            wall = time.perf_counter() - t0
+            summary = {
+                "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
+                "wall_s": round(wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
+                "checkpoint": entry, "resumed_from": done if resume else None,
+                "nonfinite_rewards": int(getattr(getattr(model, "replay_buffer", None),
+                                                 "nonfinite_rewards",
+                                                 getattr(model, "nonfinite_rewards", 0)) or 0),
+                "episode_metrics": (metrics.records and
+                                    __import__("drivemind.evaluation", fromlist=["x"])
+                                    .compute_metrics(metrics.records, mode="train")) or None,
+            }
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+            if wb is not None:
+                wb.finish()
+    finally:
+        venv.close()
+    return summary
