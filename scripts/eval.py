@@ -27,6 +27,12 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 @hydra.main(config_path="../configs", config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> dict:
+    from drivemind.training.cli import run_cli
+
+    return run_cli(_main, cfg)
+
+
+def _main(cfg: DictConfig) -> dict:
     from drivemind.envs import DriveEnv
     from drivemind.evaluation import evaluate
     from drivemind.training.build import env_kwargs

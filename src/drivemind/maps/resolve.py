@@ -76,8 +76,9 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
         searched = [str(d) for d in search_dirs(search_path)] or ["(none configured)"]
         raise MapError(
             f"unknown town {town!r}. Built-in towns: {', '.join(builtin_names())}. "
-            f"No {town}.xodr found in: {'; '.join(searched)}. Add a folder with `town.search_path=...`, "
-            f"${ENV_VAR}, or set $CARLA_ROOT; or pass a path to an .xodr file."
+            f"No {town}.xodr found in: {'; '.join(searched)}. Add its folder with map_path=... "
+            f"(command line), search_path= (Python) or ${ENV_VAR}, or set $CARLA_ROOT; or pass a "
+            f"path to an .xodr file."
         )
     return _load_file_cached(str(path.resolve()), path.stat().st_mtime_ns, kw)
 
