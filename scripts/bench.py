@@ -24,6 +24,20 @@ autopilot: the built-in autopilot on the town's 10 fixed evaluation routes (eval
      per episode, the same traffic seeds for every method). Reports route_completion (share of
      routes reached), collisions, and collisions_caused (all but being hit from behind while
      slower than the other actor), with every route's outcome.
+
+    python scripts/bench.py train
+
+train: SAC env steps/s with one gradient step per env step (batch 256, 15x96x96 BEV), ours
+     (DriveSAC: shared encoder, relabelling buffer) and stock SB3 SAC("MultiInputPolicy") built on
+     the same env, filled past learning_starts untimed, then timed in alternating rounds in the same
+     process. Reports steps_per_s, sb3_steps_per_s, ratio_vs_sb3 and replay bytes per transition
+     for both (and the size of 100k transitions).
+
+    python scripts/bench.py learn [--run-dir <a finished experiment=learning_check run>]
+
+learn: SAC with the kinematic reward on the built-in grid town without traffic
+     (experiment=learning_check), then the 10 fixed routes: route_completion, success_rate,
+     train_steps, train_minutes, and the learning curve (learning_curve.png in the run directory).
 """
 
 from __future__ import annotations
@@ -276,6 +290,79 @@ def bench_train(args) -> dict:
     }
 
 
+def _learning_curve(episodes_csv: Path, out_png: Path) -> list[dict]:
+    """Per-episode rows of a run (logs/episodes.csv) and a plot of distance and completion."""
+    import csv
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(csv.DictReader(open(episodes_csv)))
+    x = [int(r["timesteps"]) for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
+    for a, key, label in ((ax[0], "distance_m", "distance per episode (m)"),
+                          (ax[1], "mean_speed_kmh", "mean speed (km/h)"),
+                          (ax[2], "routes_completed", "routes completed per episode")):
+        y = [float(r[key]) for r in rows]
+        a.plot(x, y, ".", alpha=0.35, color="tab:blue")
+        k = 10
+        if len(y) >= k:
+            a.plot(x[k - 1:], [sum(y[i - k + 1:i + 1]) / k for i in range(k - 1, len(y))], color="tab:red",
+                   label=f"mean of {k}")
+            a.legend(loc="upper left")
+        a.set_xlabel("env steps")
+        a.set_title(label)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return rows
+
+
+def bench_learn(args) -> dict:
+    """SAC + kinematic reward on a built-in town without traffic (experiment=learning_check):
+    train (unless --run-dir names a finished run of it), then evaluate on the 10 fixed routes."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from drivemind.evaluation import evaluate
+    from drivemind.training import train
+    from drivemind.training.build import env_kwargs, town_density
+    from drivemind.training.evaluate import load_policy
+
+    root = Path(__file__).resolve().parents[1]
+    if args.run_dir:
+        run_dir = Path(args.run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+            cfg = compose("config", overrides=["experiment=learning_check", "logger=quiet",
+                                               "progress_bar=false", f"seed={args.seed}", *args.override])
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+        run_dir = Path(args.out) / f"learning_check-s{args.seed}"
+        summary = train(cfg, run_dir)
+    import yaml
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    town, density = town_density(cfg)
+    policy, _ = load_policy(run_dir)
+    t = time.perf_counter()
+    res = evaluate(policy, town=town, density=density, out_dir=run_dir / "eval" / f"{town}-{density}",
+                   env_kwargs=env_kwargs(cfg), video_route=0, max_steps_per_route=args.max_steps,
+                   progress=False, meta={"run": str(run_dir)})
+    rows = _learning_curve(run_dir / "logs" / "episodes.csv", run_dir / "learning_curve.png")
+    m = res["metrics"]
+    return {
+        "what": "learn", "run_dir": str(run_dir), "town": town, "density": density,
+        "reward": cfg["reward"]["name"], "algo": cfg["algo"]["name"], "bev": cfg["obs"]["bev"],
+        "train_steps": summary["steps"], "train_minutes": round(summary["wall_s"] / 60, 1),
+        "episodes": len(rows), "route_completion": m["RC"], "success_rate": m["SR"],
+        "collision_rate": m["CR"], "mean_speed_kmh": m["AS"], "route_progress": m["completion"],
+        "eval_minutes": round((time.perf_counter() - t) / 60, 1),
+        "curve": str(run_dir / "learning_curve.png"), **machine(),
+    }
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -310,9 +397,16 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("learn", help="the SAC learning check: train on a built-in town without traffic "
+                                     "(experiment=learning_check), then route completion on its fixed routes")
+    p.add_argument("--run-dir", default=None, help="evaluate this finished learning_check run instead of training")
+    p.add_argument("--out", default="outputs/bench", help="where the training run goes")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=6000, help="step limit per evaluation route")
+    p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. total_timesteps=50000")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
-              "train": bench_train}[args.what](args)
+              "train": bench_train, "learn": bench_learn}[args.what](args)
     print(json.dumps(result))
     return result
 

@@ -43,7 +43,16 @@ def _main(cfg: DictConfig) -> dict:
     resume = c.get("resume")
     run_dir = Path(resume) if resume else Path(HydraConfig.get().runtime.output_dir)
     print(f"[drivemind] run directory: {run_dir}", flush=True)
-    summary = train(c, run_dir, resume=bool(resume))
+    if resume:  # only what the command line sets explicitly may change a resumed run
+        from drivemind.training.run import RESUME_KEYS
+        given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
+        c_train = {k: c[k] for k in RESUME_KEYS if k in given}
+    else:
+        c_train = c
+    summary = train(c_train, run_dir, resume=bool(resume))
+    if resume:  # what follows (evaluation) uses the run's own config, as train() did
+        import yaml
+        c = yaml.safe_load((run_dir / "config.yaml").read_text())
     ev = c.get("eval") or {}
     if ev.get("at_end") and summary["status"] == "finished":
         from drivemind.evaluation import evaluate

@@ -72,9 +72,9 @@ class PaletteCodec:
         return th.from_numpy(out).view(len(codes), *self.shape)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _decode(codes, palettes, out):  # pragma: no cover - compiled
-    for b in numba.prange(codes.shape[0]):
+    for b in range(codes.shape[0]):
         for c in range(out.shape[1]):
             for p in range(codes.shape[1]):
                 out[b, c, p] = palettes[b, codes[b, p], c]

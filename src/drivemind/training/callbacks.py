@@ -39,9 +39,10 @@ def save_checkpoint(model, ckpt_dir: Path, with_buffer: bool = True, keep: int =
         model.save_replay_buffer(tmp)
         os.replace(tmp, ckpt_dir / entry["buffer"])
     _atomic_write(ckpt_dir / LATEST, json.dumps(entry))
-    # prune older checkpoints
-    steps = sorted({int(p.stem.split("_")[1]) for p in ckpt_dir.glob("model_*.zip")})
-    for old in steps[:-keep] if keep > 0 else []:
+    # prune older checkpoints (never the one just written: stale files from an earlier run in the
+    # same directory may carry higher step counts)
+    steps = sorted({int(p.stem.split("_")[1]) for p in ckpt_dir.glob("model_*.zip")} - {n})
+    for old in steps[:max(len(steps) - (keep - 1), 0)] if keep > 0 else []:
         for p in (ckpt_dir / f"model_{old}.zip", ckpt_dir / f"buffer_{old}.pkl"):
             p.unlink(missing_ok=True)
     return entry
@@ -78,7 +79,7 @@ class CheckpointEvery(BaseCallback):
 
 class StopOnSignal(BaseCallback):
     """On SIGINT (Ctrl-C) or SIGTERM: finish the current step, stop learning; the caller saves.
-    A second Ctrl-C interrupts at once."""
+    A second Ctrl-C interrupts the step at once (the caller still saves)."""
 
     def __init__(self):
         super().__init__()
@@ -90,7 +91,7 @@ class StopOnSignal(BaseCallback):
             raise KeyboardInterrupt
         self.received = signal.Signals(signum).name
         print(f"\n[drivemind] {self.received} received: saving a checkpoint, then exiting "
-              f"(press Ctrl-C again to abort without saving)", flush=True)
+              f"(a second Ctrl-C stops at once; the checkpoint is still written)", flush=True)
 
     def _on_training_start(self):
         for s in (signal.SIGINT, signal.SIGTERM):

@@ -27,14 +27,23 @@ for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
     os.environ.setdefault(_k, "1")  # nothing downloads at run time
 
 
-def _setup_logger(model, cfg: dict, run_dir: Path):
-    from stable_baselines3.common.logger import configure
+def _setup_logger(model, cfg: dict, run_dir: Path, resume: bool = False):
+    from stable_baselines3.common.logger import CSVOutputFormat, configure
 
     lcfg = dict(cfg.get("logger") or {})
     formats = list(lcfg.get("formats") or ["stdout", "csv", "tensorboard"])
     if "tensorboard" not in formats:
         formats.append("tensorboard")  # always
-    model.set_logger(configure(str(run_dir / "logs"), formats))
+    csv_file = run_dir / "logs" / "progress.csv"
+    old = csv_file.read_text() if resume and csv_file.exists() else ""  # the earlier rows
+    logger = configure(str(run_dir / "logs"), formats)
+    if old.strip():  # SB3 opens progress.csv with "w+": write the old rows back and continue them
+        for f in logger.output_formats:
+            if isinstance(f, CSVOutputFormat):
+                f.file.write(old if old.endswith("\n") else old + "\n")
+                f.file.flush()
+                f.keys = old.splitlines()[0].split(f.separator)
+    model.set_logger(logger)
 
 
 def _start_wandb(cfg: dict, run_dir: Path, resume_id: str | None):
@@ -57,10 +66,15 @@ def _start_wandb(cfg: dict, run_dir: Path, resume_id: str | None):
     return run
 
 
+# what a resumed run may change from its saved config (everything else would change the experiment)
+RESUME_KEYS = ("total_timesteps", "torch_threads", "progress_bar", "checkpoint_every", "device",
+               "log_interval", "verbose")
+
+
 def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     """Train as ``cfg`` says, writing everything into ``run_dir``. With ``resume``, continue the
     run in ``run_dir`` from its latest checkpoint (model, optimiser state and replay buffer) with
-    the config saved there."""
+    the config saved there; ``cfg`` then only contributes the ``RESUME_KEYS`` it holds."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = run_dir / "checkpoints"
@@ -72,10 +86,13 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             raise FileNotFoundError(f"nothing to resume in {run_dir}: it needs config.yaml and "
                                     f"checkpoints/latest.json (was the run started by scripts/train.py?)")
         cfg = {**yaml.safe_load(saved_cfg.read_text()),
-               **{k: cfg[k] for k in ("total_timesteps",) if k in cfg}}
+               **{k: cfg[k] for k in RESUME_KEYS if k in cfg}}
     else:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
+    if int(cfg.get("torch_threads") or 0) > 0:
+        import torch as th
+        th.set_num_threads(int(cfg["torch_threads"]))
     total = int(cfg.get("total_timesteps", 0))
     if total < 1:
         raise ValueError(f"total_timesteps must be >= 1, got {total}")
@@ -88,10 +105,11 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             from ..agents import DriveSAC
             from ..agents.ppo import DrivePPO
             cls = DriveSAC if algo == "sac" else DrivePPO
+            if (run_dir / "obs_signature.json").exists():  # before load: SB3's own error is vaguer
+                check_compatible(json.loads((run_dir / "obs_signature.json").read_text()),
+                                 venv.observation_space, run_dir)
             model = cls.load(entry["model"], env=venv, reward_fn=reward_fn,
                              device=cfg.get("device", "auto"))
-            check_compatible(json.loads((run_dir / "obs_signature.json").read_text()),
-                             venv.observation_space, run_dir)
             if entry.get("buffer") and hasattr(model, "load_replay_buffer"):
                 model.load_replay_buffer(entry["buffer"])
             done = model.num_timesteps
@@ -99,7 +117,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             model = make_model(cfg, venv, reward_fn)
             (run_dir / "obs_signature.json").write_text(json.dumps(sig))
             done = 0
-        _setup_logger(model, cfg, run_dir)
+        _setup_logger(model, cfg, run_dir, resume=entry is not None)
         wid = (run_dir / "wandb_id").read_text().strip() if resume and (run_dir / "wandb_id").exists() else None
         wb = _start_wandb(cfg, run_dir, wid)
         stop = StopOnSignal()
@@ -108,15 +126,18 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
                              with_buffer=bool(cfg.get("checkpoint_buffer", True)))
         t0 = time.perf_counter()
-        reason = "finished"
+        reason = "failed"
         try:
             model.learn(total_timesteps=max(total - done, 0), callback=[stop, metrics, ck],
                         log_interval=int(cfg.get("log_interval", 4 if algo == "sac" else 1)),
                         progress_bar=bool(cfg.get("progress_bar", True)),
                         reset_num_timesteps=entry is None)
-            if stop.received:
-                reason = f"stopped by {stop.received}"
+            reason = f"stopped by {stop.received}" if stop.received else "finished"
+        except BaseException as e:  # the summary must not say "finished" for a crashed run
+            reason = f"failed: {type(e).__name__}: {e}"
+            raise
         finally:
+            stop._on_training_end()  # SB3 skips it when learn raises: restore the signal handlers
             entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)))
             wall = time.perf_counter() - t0
             summary = {
@@ -131,6 +152,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
                                     .compute_metrics(metrics.records, mode="train")) or None,
             }
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+            model.logger.close()  # flushes and ends the TensorBoard writer thread, closes the CSV
             if wb is not None:
                 wb.finish()
     finally:
