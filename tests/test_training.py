@@ -471,3 +471,28 @@ def test_episode_metrics_logged(sac_run):
     assert all(0.0 <= v <= 1.0 for v in rc)
     em = summary["episode_metrics"]
     assert em and "RC" in em and em["episodes"] == min(len(episodes), 20)
+
+
+def test_experiments_override_the_defaults_and_the_command_line_wins():
+    paper = config("experiment=paper")
+    assert paper["total_timesteps"] == 1_000_000 and paper["town"]["name"] == "Town02"
+    assert paper["obs"]["bev"]["preset"] == "paper" and paper["algo"]["batch_size"] == 256
+    assert paper["algo"]["policy_kwargs"]["features_extractor_kwargs"]["bev_dim"] == 1024
+    check = config("experiment=learning_check", "reward=hvfr", "total_timesteps=123")
+    assert check["density"]["name"] == "empty" and check["eval"]["at_end"] is True
+    assert check["reward"]["name"] == "hvfr" and check["total_timesteps"] == 123
+    ppo = config("experiment=paper_ppo")
+    assert ppo["algo"]["name"] == "ppo" and ppo["vec_env"] == "subproc"
+    assert config()["total_timesteps"] == 20000  # the CPU default
+
+
+def test_multirun_with_the_basic_launcher(tmp_path):
+    """`-m` sweeps run one job per combination, each in its own run directory."""
+    r = script("train.py", "-m", *TINY, *SAC, "total_timesteps=60", "algo.learning_starts=30",
+               "reward=chen,tirl", f"hydra.sweep.dir={tmp_path}", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = sorted(p.parent for p in tmp_path.glob("*/summary.json"))
+    assert len(runs) == 2
+    rewards = sorted(json.loads((p / "summary.json").read_text())["reward"] for p in runs)
+    assert rewards == ["chen", "tirl"]
+    assert all((p / "checkpoints" / "latest.json").exists() for p in runs)
