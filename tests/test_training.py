@@ -496,3 +496,13 @@ def test_multirun_with_the_basic_launcher(tmp_path):
     rewards = sorted(json.loads((p / "summary.json").read_text())["reward"] for p in runs)
     assert rewards == ["chen", "tirl"]
     assert all((p / "checkpoints" / "latest.json").exists() for p in runs)
+
+
+def test_default_logger_writes_tensorboard_and_wandb_offline(tmp_path):
+    tiny = [o for o in TINY if not o.startswith("logger=")]
+    cfg = config(*tiny, *SAC, "total_timesteps=60", "algo.learning_starts=30")
+    assert cfg["logger"]["wandb"]["mode"] == "offline"  # the default
+    train(cfg, tmp_path / "run")
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert list((tmp_path / "run" / "logs").glob("events.out.tfevents.*"))
+    assert (tmp_path / "run" / "wandb_id").read_text().strip()
