@@ -355,7 +355,7 @@ def bench_learn(args) -> dict:
     return {
         "what": "learn", "run_dir": str(run_dir), "town": town, "density": density,
         "reward": cfg["reward"]["name"], "algo": cfg["algo"]["name"], "bev": cfg["obs"]["bev"],
-        "train_steps": summary["steps"], "train_minutes": round(summary["wall_s"] / 60, 1),
+        "train_steps": summary["steps"], "train_minutes": round(summary.get("wall_s_total", summary["wall_s"]) / 60, 1),
         "episodes": len(rows), "route_completion": m["RC"], "success_rate": m["SR"],
         "collision_rate": m["CR"], "mean_speed_kmh": m["AS"], "route_progress": m["completion"],
         "eval_minutes": round((time.perf_counter() - t) / 60, 1),

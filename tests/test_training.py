@@ -154,6 +154,7 @@ def test_resume_continues_with_replay_buffer(sac_run, tmp_path):
     summary = train(config("total_timesteps=250", "algo=ppo", "obs.bev.size=64"), run_dir, resume=True)
     assert summary["status"] == "finished" and summary["algo"] == "sac"
     assert summary["resumed_from"] == 150 and summary["steps"] == 250
+    assert summary["wall_s_total"] == pytest.approx(first["wall_s"] + summary["wall_s"], abs=0.11)
     latest = latest_checkpoint(run_dir)
     assert latest["steps"] == 250
     with open(latest["buffer"], "rb") as f:

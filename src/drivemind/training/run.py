@@ -140,9 +140,13 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             stop._on_training_end()  # SB3 skips it when learn raises: restore the signal handlers
             entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)))
             wall = time.perf_counter() - t0
+            before = 0.0  # wall time of the earlier invocations of a resumed run
+            if resume and (run_dir / "summary.json").exists():
+                old = json.loads((run_dir / "summary.json").read_text())
+                before = float(old.get("wall_s_total", old.get("wall_s", 0.0)))
             summary = {
                 "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
-                "wall_s": round(wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
+                "wall_s": round(wall, 1), "wall_s_total": round(before + wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
                 "checkpoint": entry, "resumed_from": done if resume else None,
                 "nonfinite_rewards": int(getattr(getattr(model, "replay_buffer", None),
                                                  "nonfinite_rewards",
