@@ -1,0 +1,258 @@
+"""BEV-CLIP: a compact contrastive image tower for the BEV masks, aligned to frozen MiniLM.
+
+``BevClip`` maps uint8 BEV masks (C x H x W, e.g. the 15 x 96 x 96 ``cpu`` preset) to 384-d
+unit vectors in all-MiniLM-L6-v2's sentence space, so any prompt embedded by
+:class:`~drivemind.vlm.text.MiniLMTextEncoder` can be scored against stored image embeddings by
+a dot product. ``train_bev_clip`` fits it with a symmetric InfoNCE loss against the frozen
+embeddings of ground-truth captions (:mod:`drivemind.vlm.captions`); identical captions in a
+batch are not treated as negatives (soft targets spread over all equal captions).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .text import TEXT_DIM
+
+FORMAT = "drivemind.bev_clip"
+VERSION = 1
+DEFAULT_NAME = "bev_clip_cpu.pt"
+TRAIN_CMD = "python scripts/train_bev_clip.py"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "drivemind"
+
+
+def default_weights_path() -> Path:
+    return cache_dir() / DEFAULT_NAME
+
+
+def search_dirs() -> list[Path]:
+    """Folders searched for a weights file given by name: $DRIVEMIND_VLM_WEIGHTS' folder, the
+    package's ``weights/`` folder, then ``~/.cache/drivemind``."""
+    dirs = []
+    env = os.environ.get("DRIVEMIND_VLM_WEIGHTS")
+    if env:
+        dirs.append(Path(env).expanduser())
+    dirs += [Path(__file__).resolve().parent / "weights", cache_dir()]
+    return dirs
+
+
+def find_weights(path: str | os.PathLike | None = None) -> Path:
+    """Resolve a weights file: an existing path as given, else its file name in ``search_dirs()``.
+    Raises one FileNotFoundError naming the file, the folders searched and how to make it."""
+    name = DEFAULT_NAME if path is None else str(path)
+    p = Path(name).expanduser()
+    if path is not None and p.is_file():
+        return p
+    tried = [] if path is None else [p.resolve()]
+    for d in search_dirs():
+        cand = d / p.name
+        if cand.is_file():
+            return cand
+        tried.append(d)
+    raise FileNotFoundError(
+        f"BEV-CLIP weights {p.name!r} not found; looked at: {', '.join(str(t) for t in tried)}. "
+        f"Train them once with `{TRAIN_CMD} --out {default_weights_path()}` (a few CPU minutes), "
+        f"or pass the path of an existing checkpoint.")
+
+
+class BevClip(nn.Module):
+    """Small CNN on uint8 BEV masks -> 384-d unit embedding; learnable CLIP temperature."""
+
+    def __init__(self, in_channels: int = 15, size: int = 96, dim: int = TEXT_DIM,
+                 width: int = 32, hidden: int = 256, channel_names=None):
+        super().__init__()
+        self.config = dict(in_channels=int(in_channels), size=int(size), dim=int(dim),
+                           width=int(width), hidden=int(hidden),
+                           channel_names=list(channel_names) if channel_names else None)
+        w = int(width)
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, w, 5, stride=2, padding=2), nn.ReLU(inplace=True),
+            nn.Conv2d(w, 2 * w, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.Conv2d(4 * w, 4 * w, 3, stride=2, padding=1), nn.ReLU(inplace=True),
+            nn.AdaptiveAvgPool2d(4),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * w * 16, hidden), nn.ReLU(inplace=True),
+                                  nn.Linear(hidden, dim))
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    @property
+    def bev_shape(self) -> tuple[int, int, int]:
+        c = self.config
+        return (c["in_channels"], c["size"], c["size"])
+
+    @property
+    def dim(self) -> int:
+        return self.config["dim"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.uint8:
+            x = x.float() / 255.0
+        return F.normalize(self.head(self.features(x)), dim=-1)
+
+    def _check_shape(self, shape) -> None:
+        if tuple(shape) != self.bev_shape:
+            raise ValueError(f"BEV shape {tuple(shape)} does not match this BEV-CLIP model's "
+                             f"{self.bev_shape} (C, H, W); use the BEV preset it was trained on "
+                             f"or retrain with `{TRAIN_CMD}`")
+
+    def embed(self, bev, batch_size: int = 256) -> np.ndarray:
+        """uint8 BEV masks (N, C, H, W) or (C, H, W) -> (N, dim) float32 unit rows."""
+        arr = np.asarray(bev)
+        if arr.ndim == 3:
+            arr = arr[None]
+        if arr.ndim != 4:
+            raise ValueError(f"expected BEV masks of shape (N, C, H, W), got {arr.shape}")
+        self._check_shape(arr.shape[1:])
+        was = self.training
+        self.eval()
+        dev = next(self.parameters()).device
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(arr), batch_size):
+                out.append(self(torch.as_tensor(arr[i:i + batch_size]).to(dev)).cpu().numpy())
+        self.train(was)
+        if not out:
+            return np.zeros((0, self.dim), np.float32)
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | os.PathLike, **meta) -> Path:
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        sd = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        torch.save({"format": FORMAT, "version": VERSION, "config": self.config,
+                    "text_model": "sentence-transformers/all-MiniLM-L6-v2", "meta": meta,
+                    "state_dict": sd}, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | None = None, *, bev_shape=None,
+             map_location: str = "cpu") -> "BevClip":
+        """Load a checkpoint (``None``: ``bev_clip_cpu.pt`` from ``search_dirs()``). With
+        ``bev_shape`` (C, H, W), a model trained for another shape is refused."""
+        p = find_weights(path)
+        try:
+            ck = torch.load(p, map_location=map_location, weights_only=True)
+        except Exception as e:  # corrupt / not a torch file
+            raise ValueError(f"{p} is not a readable BEV-CLIP checkpoint ({e}); retrain with "
+                             f"`{TRAIN_CMD} --out {p}`") from e
+        if not isinstance(ck, dict) or ck.get("format") != FORMAT:
+            raise ValueError(f"{p} is not a BEV-CLIP checkpoint (format {FORMAT!r} missing)")
+        if ck.get("version") != VERSION:
+            raise ValueError(f"{p} has BEV-CLIP checkpoint version {ck.get('version')}, this code "
+                             f"reads version {VERSION}; retrain with `{TRAIN_CMD}`")
+        model = cls(**ck["config"])
+        model.load_state_dict(ck["state_dict"])
+        model.meta = ck.get("meta", {})
+        model.path = p
+        if bev_shape is not None:
+            model._check_shape(bev_shape)
+        return model.eval()
+
+
+# ---------------------------------------------------------------------- training and evaluation
+def _caption_ids(captions) -> tuple[list[str], np.ndarray]:
+    uniq = list(dict.fromkeys(captions))
+    index = {c: i for i, c in enumerate(uniq)}
+    return uniq, np.array([index[c] for c in captions], np.int64)
+
+
+def clip_loss(img: torch.Tensor, txt: torch.Tensor, ids: torch.Tensor,
+              logit_scale: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE with soft targets: pairs whose captions are equal are all positives."""
+    logits = logit_scale.exp().clamp(max=100.0) * img @ txt.t()
+    same = (ids[:, None] == ids[None, :]).float()
+    target = same / same.sum(1, keepdim=True)
+    # KL(target || softmax): cross-entropy minus the target's entropy, so a perfect match is 0
+    ent = (target * target.clamp_min(1e-12).log()).sum(1)  # -entropy
+    li = (ent - (target * F.log_softmax(logits, 1)).sum(1)).mean()
+    lt = (ent - (target * F.log_softmax(logits.t(), 1)).sum(1)).mean()
+    return 0.5 * (li + lt)
+
+
+def train_bev_clip(frames, captions, text_encoder, *, model: BevClip | None = None,
+                   epochs: int = 10, batch_size: int = 128, lr: float = 1e-3,
+                   weight_decay: float = 1e-4, seed: int = 0, progress: bool = False,
+                   channel_names=None, log=None) -> BevClip:
+    """Fit a BevClip on uint8 frames (N, C, H, W) and their captions (N strings). The text
+    tower stays frozen: each distinct caption is embedded once."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 (N, C, H, W), got {frames.dtype} {frames.shape}")
+    if len(captions) != len(frames):
+        raise ValueError(f"{len(frames)} frames but {len(captions)} captions")
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    n, c, h, w = frames.shape
+    if h != w:
+        raise ValueError(f"BEV frames must be square, got {h}x{w}")
+    if model is None:
+        model = BevClip(in_channels=c, size=h, channel_names=channel_names)
+    model._check_shape(frames.shape[1:])
+    uniq, ids = _caption_ids(list(captions))
+    text = torch.as_tensor(text_encoder.encode(uniq))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    steps_per_epoch = max(1, math.ceil(n / batch_size))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps_per_epoch,
+                                                pct_start=0.1)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=epochs * steps_per_epoch, desc="BEV-CLIP", unit="batch")
+    model.train()
+    for ep in range(epochs):
+        order = rng.permutation(n)
+        tot = 0.0
+        for i in range(steps_per_epoch):
+            b = order[i * batch_size:(i + 1) * batch_size]
+            x = torch.as_tensor(frames[b])
+            bid = torch.as_tensor(ids[b])
+            loss = clip_loss(model(x), text[bid], bid, model.logit_scale)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            tot += loss.item()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(epoch=ep + 1, loss=f"{loss.item():.3f}")
+        if log is not None:
+            log(ep + 1, tot / steps_per_epoch)
+    if bar is not None:
+        bar.close()
+    return model.eval()
+
+
+def retrieval_accuracy(model: BevClip, frames, captions, text_encoder,
+                       image_embeddings: np.ndarray | None = None) -> dict:
+    """Image-to-text top-1 over the distinct captions of this (held-out) set. ``chance`` is
+    1 / distinct captions; ``majority`` is the accuracy of always answering the most common one."""
+    uniq, ids = _caption_ids(list(captions))
+    img = model.embed(frames) if image_embeddings is None else np.asarray(image_embeddings)
+    txt = text_encoder.encode(uniq)
+    pred = (img @ txt.T).argmax(1) if len(uniq) else np.zeros(0, np.int64)
+    counts = np.bincount(ids, minlength=len(uniq))
+    clauses = [set(c.split("; ")) for c in uniq]
+
+    def clause_acc(p):  # mean share of the true caption's clauses found in the answer
+        return float(np.mean([len(clauses[a] & clauses[b]) / len(clauses[b])
+                              for a, b in zip(p, ids)])) if len(ids) else 0.0
+
+    return {"accuracy": float((pred == ids).mean()) if len(ids) else 0.0,
+            "chance": 1.0 / max(len(uniq), 1),
+            "majority": float(counts.max() / len(ids)) if len(ids) else 0.0,
+            "clause_accuracy": clause_acc(pred),
+            "clause_majority": clause_acc(np.full(len(ids), counts.argmax() if len(ids) else 0)),
+            "n_frames": int(len(ids)), "n_captions": int(len(uniq))}
