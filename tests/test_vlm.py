@@ -117,6 +117,8 @@ def test_bev_clip_missing_weights_message(tmp_path, monkeypatch):
     msg = str(ei.value)
     assert "absent.pt" in msg and str(tmp_path / "cache" / "drivemind") in msg
     assert "train_bev_clip.py" in msg
+    import drivemind.vlm.bev_clip as bc
+    monkeypatch.setattr(bc, "PACKAGE_WEIGHTS", tmp_path / "no-package-weights")
     with pytest.raises(FileNotFoundError, match="bev_clip_cpu.pt"):
         BevClip.load()
 
@@ -172,3 +174,17 @@ def test_bev_clip_learns_above_chance(text):
     p = text.encode(["a traffic jam ahead on a rainy evening", "the car is about to crash"])
     s = img @ p.T
     assert s.shape == (4, 2) and np.all(np.abs(s) <= 1 + 1e-5)
+
+
+def test_shipped_weights_load_and_embed(monkeypatch, tmp_path):
+    """The package ships the default checkpoint: a fresh install loads it without training."""
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no user checkpoint in the way
+    from drivemind.vlm import BevClip
+    from drivemind.vlm.bev_clip import find_weights
+    p = find_weights()
+    assert p.parent.name == "weights" and p.name == "bev_clip_cpu.pt"
+    model = BevClip.load(bev_shape=(15, 96, 96))
+    x = np.random.default_rng(0).integers(0, 2, (3, 15, 96, 96), dtype=np.uint8) * 255
+    e = model.embed(x)
+    assert e.shape == (3, 384) and np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)

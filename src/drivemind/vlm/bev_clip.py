@@ -36,14 +36,18 @@ def default_weights_path() -> Path:
     return cache_dir() / DEFAULT_NAME
 
 
+PACKAGE_WEIGHTS = Path(__file__).resolve().parent / "weights"  # the shipped checkpoint
+
+
 def search_dirs() -> list[Path]:
-    """Folders searched for a weights file given by name: $DRIVEMIND_VLM_WEIGHTS' folder, the
-    package's ``weights/`` folder, then ``~/.cache/drivemind``."""
+    """Folders searched for a weights file given by name: $DRIVEMIND_VLM_WEIGHTS' folder,
+    ``~/.cache/drivemind`` (where the training script writes), then the package's ``weights/``
+    folder (the shipped checkpoint)."""
     dirs = []
     env = os.environ.get("DRIVEMIND_VLM_WEIGHTS")
     if env:
         dirs.append(Path(env).expanduser())
-    dirs += [Path(__file__).resolve().parent / "weights", cache_dir()]
+    dirs += [cache_dir(), PACKAGE_WEIGHTS]
     return dirs
 
 
