@@ -37,9 +37,12 @@ def test_explain_sums_to_the_reward_for_every_reward():
     b["speed_kmh"] = rng.uniform(0, 40, 50)
     for name in REWARDS:
         r = make_reward(name)
-        parts = r.explain(b)
+        emb = rng.normal(size=(50, 384))
+        bn = {**b, "embedding": emb / np.linalg.norm(emb, axis=1, keepdims=True)} \
+            if "embedding" in r.needs else b
+        parts = r.explain(bn)
         assert all(v.shape == (50,) for v in parts.values()), name
-        assert np.allclose(sum(parts.values()), r(b)), name
+        assert np.allclose(sum(parts.values()), r(bn)), name
 
 
 def test_hvfr_factors_veto_and_context_speed():

@@ -12,6 +12,13 @@ Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
   one backward pass; stock SB3 (separate actor, critic and target encoders) runs five forward
   passes and three backward passes through CNNs.
 - **Compact storage**: see :mod:`drivemind.agents.buffer`.
+- **Image embeddings for semantic rewards.** When ``"embedding" in reward_fn.needs`` (e.g.
+  ``aicr_static``, ``drivemind_static``), the buffer gets a 384-d embedding slot and, before
+  scoring, each stored transition without an embedding gets one: its next observation's BEV (the
+  frame the action led to, which the step's facts also describe) through BEV-CLIP
+  (``BevClip.load(bev_shape=...)``, loaded once; a BEV shape it was not trained for is refused when
+  the model is built). Each transition is embedded once; ``set_reward`` with new prompts re-scores
+  from the stored embeddings. ``embedded_frames`` counts the frames embedded so far.
 
 Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load, gSDE) is SB3's.
 """
@@ -28,7 +35,7 @@ from stable_baselines3.common.utils import polyak_update
 from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputPolicy
 from torch.nn import functional as F
 
-from .buffer import RelabelReplayBuffer
+from .buffer import PENDING, RelabelReplayBuffer
 from .extractor import DriveExtractor
 
 
@@ -85,6 +92,11 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
     return th.cat([q(x) for q in critic.q_networks], dim=1)
 
 
+def needs_embedding(reward_fn) -> bool:
+    """Whether a reward reads image embeddings (``Composite`` collects its parts' needs)."""
+    return reward_fn is not None and "embedding" in tuple(getattr(reward_fn, "needs", ()))
+
+
 class DriveSAC(SAC):
     """See the module docstring. ``reward_fn`` is a :class:`drivemind.rewards.Reward`."""
 
@@ -95,9 +107,14 @@ class DriveSAC(SAC):
         self.reward_fn = reward_fn
         self.reward_name = getattr(reward_fn, "name", None)
         self.reward_terms: dict[str, float] = {}
+        self._bev_clip = None
+        self.embedded_frames = 0
         if replay_buffer_class is None:
             replay_buffer_class = RelabelReplayBuffer
             replay_buffer_kwargs = {"scale_images": True, **(replay_buffer_kwargs or {})}
+        if needs_embedding(reward_fn) and issubclass(replay_buffer_class, RelabelReplayBuffer):
+            from ..vlm.text import TEXT_DIM
+            replay_buffer_kwargs = {"embedding_dim": TEXT_DIM, **(replay_buffer_kwargs or {})}
         super().__init__(policy, env, replay_buffer_class=replay_buffer_class,
                          replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
 
@@ -115,17 +132,57 @@ class DriveSAC(SAC):
         buf = self.replay_buffer
         if not isinstance(buf, RelabelReplayBuffer):
             return 0
-        n = len(buf.slots(1))
-        if n:
+        pending = buf.slots(PENDING)
+        if len(pending):
+            self.embed_missing(pending)
             self.reward_terms = buf.label_pending(self.reward_fn)
-        return n
+        return len(pending)
 
     def set_reward(self, reward_fn) -> None:
-        """Switch the reward and re-score every stored transition from its facts."""
+        """Switch the reward and re-score every stored transition from its facts (and stored
+        embeddings: frames already embedded are not embedded again)."""
         self.reward_fn = reward_fn
         self.reward_name = getattr(reward_fn, "name", None)
         if isinstance(self.replay_buffer, RelabelReplayBuffer):
+            self.embed_missing(self.replay_buffer.slots())
             self.reward_terms = self.replay_buffer.relabel(reward_fn)
+
+    # ------------------------------------------------------------------ image embeddings
+    def bev_clip(self):
+        """The BEV-CLIP image tower (loaded on first use, for this env's BEV shape)."""
+        if self._bev_clip is None:
+            from ..vlm.bev_clip import BevClip
+            space = self.observation_space
+            if "bev" not in getattr(space, "spaces", {}):
+                raise ValueError("semantic rewards embed the 'bev' observation, which this env lacks")
+            self._bev_clip = BevClip.load(bev_shape=space["bev"].shape)
+        return self._bev_clip
+
+    def embed_missing(self, slots: np.ndarray, batch_size: int = 256) -> int:
+        """Embed the next-observation BEVs of ``slots`` that have no embedding yet (none when the
+        reward needs no embeddings); returns how many were embedded."""
+        buf = self.replay_buffer
+        if not needs_embedding(self.reward_fn) or not isinstance(buf, RelabelReplayBuffer):
+            return 0
+        if buf.embeddings is None:
+            raise ValueError(f"reward {self.reward_name!r} needs image embeddings but this replay "
+                             f"buffer has no embedding slot: build the model with this reward "
+                             f"(or replay_buffer_kwargs=dict(embedding_dim=384))")
+        slots = np.asarray(slots, np.int64)
+        flat = buf.embeddings.reshape(-1, buf.embedding_dim)
+        slots = slots[~np.any(flat[slots] != 0, axis=1)]
+        if not len(slots):
+            return 0
+        model = self.bev_clip()
+        for a in range(0, len(slots), batch_size):
+            s = slots[a:a + batch_size]
+            rows, envs = np.divmod(s, buf.n_envs)
+            done = buf.dones[rows, envs]
+            terminal = {i: int(x) for i, x in enumerate(s) if done[i] and int(x) in buf.terminal}
+            nxt = buf._read_rows((rows + 1) % buf.buffer_size, envs, terminal, scaled=False)
+            buf.set_embeddings(s, model.embed(nxt["bev"].numpy(), batch_size=batch_size))
+        self.embedded_frames += len(slots)
+        return len(slots)
 
     def _log_reward(self):
         for k, v in self.reward_terms.items():
@@ -137,6 +194,8 @@ class DriveSAC(SAC):
     # ------------------------------------------------------------------ training
     def _setup_model(self) -> None:
         super()._setup_model()
+        if needs_embedding(self.reward_fn):
+            self.bev_clip()  # a BEV shape the checkpoint was not trained for fails here
         # the target critic's heads (its encoder copy is unused: next features come from the
         # online encoder)
         self._q_params = [p for q in self.critic.q_networks for p in q.parameters()]
@@ -221,7 +280,7 @@ class DriveSAC(SAC):
 
     def _excluded_save_params(self) -> list[str]:
         # the reward is passed to load again (its name is saved); the buffer is saved separately
-        return [*super()._excluded_save_params(), "reward_fn", "reward_terms", "_q_params",
+        return [*super()._excluded_save_params(), "reward_fn", "reward_terms", "_bev_clip", "_q_params",
                 "_q_target_params"]
 
     @classmethod

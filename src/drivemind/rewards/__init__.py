@@ -5,6 +5,7 @@ import inspect
 from .base import Composite, Reward
 from .kinematic import ASAP, HVFR, TIRL, Chen, ChatScene, Task
 from .revolve import Revolve
+from .semantic import AICRStatic, drivemind_static
 
 
 def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
@@ -15,6 +16,7 @@ def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
 REWARDS = {
     "task": Task, "hvfr": HVFR, "tirl": TIRL, "chen": Chen, "asap": ASAP, "chatscene": ChatScene,
     "revolve": Revolve, "drivemind_kinematic": _kinematic_drivemind,
+    "aicr_static": AICRStatic, "drivemind_static": drivemind_static,
 }
 
 
@@ -40,5 +42,5 @@ def make_reward(name: str, **kwargs) -> Reward:
     return REWARDS[name](**kwargs)
 
 
-__all__ = ["ASAP", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite", "Revolve",
-           "Reward", "Task", "make_reward", "reward_params"]
+__all__ = ["AICRStatic", "ASAP", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
+           "Revolve", "Reward", "Task", "drivemind_static", "make_reward", "reward_params"]
