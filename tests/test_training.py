@@ -507,3 +507,21 @@ def test_default_logger_writes_tensorboard_and_wandb_offline(tmp_path):
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert list((tmp_path / "run" / "logs").glob("events.out.tfevents.*"))
     assert (tmp_path / "run" / "wandb_id").read_text().strip()
+
+
+def test_semantic_reward_through_the_config_gets_an_embedding_slot(tmp_path):
+    """reward=drivemind_static with the default (96 px) BEV: the buffer is sized for the shipped
+    BEV-CLIP's embeddings without any algo.embedding_dim setting."""
+    tiny = [o for o in TINY if not o.startswith("obs.bev.size")]
+    cfg = config(*tiny, *SAC, "total_timesteps=60", "algo.learning_starts=30",
+                 "reward=drivemind_static")
+    assert cfg["algo"]["embedding_dim"] is None
+    summary = train(cfg, tmp_path / "run")
+    assert summary["status"] == "finished" and summary["reward"] == "drivemind_static"
+    with open(latest_checkpoint(tmp_path / "run")["buffer"], "rb") as f:
+        buf = pickle.load(f)
+    assert buf.embedding_dim == 384
+    lab = buf.slots(2)
+    assert len(lab) > 0
+    assert np.allclose(np.linalg.norm(buf.embeddings.reshape(-1, 384)[lab].astype(np.float32), axis=1),
+                       1.0, atol=1e-2)

@@ -109,8 +109,10 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
     try:
         if name == "sac":
             from ..agents import DriveSAC
-            rb = {"palette_size": algo.pop("palette_size", 64),
-                  "embedding_dim": algo.pop("embedding_dim", 0)}
+            rb = {"palette_size": algo.pop("palette_size", 64)}
+            emb = algo.pop("embedding_dim", None)
+            if emb is not None:  # None: DriveSAC sizes the slot from the reward (384 if it needs one)
+                rb["embedding_dim"] = emb
             return DriveSAC(replay_buffer_kwargs=rb, **common, **algo)
         from ..agents.ppo import DrivePPO
         pk.setdefault("share_features_extractor", True)
