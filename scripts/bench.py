@@ -326,10 +326,11 @@ def bench_learn(args) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from drivemind.evaluation import evaluate
+    import yaml
+
     from drivemind.training import train
-    from drivemind.training.build import env_kwargs, town_density
-    from drivemind.training.evaluate import load_policy
+    from drivemind.training.build import town_density
+    from drivemind.training.evaluate import evaluate_run
 
     root = Path(__file__).resolve().parents[1]
     if args.run_dir:
@@ -342,14 +343,10 @@ def bench_learn(args) -> dict:
         cfg = OmegaConf.to_container(cfg, resolve=True)
         run_dir = Path(args.out) / f"learning_check-s{args.seed}"
         summary = train(cfg, run_dir)
-    import yaml
+    t = time.perf_counter()
+    res = evaluate_run(run_dir, video_route=0, max_steps_per_route=args.max_steps, progress=False)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     town, density = town_density(cfg)
-    policy, _ = load_policy(run_dir)
-    t = time.perf_counter()
-    res = evaluate(policy, town=town, density=density, out_dir=run_dir / "eval" / f"{town}-{density}",
-                   env_kwargs=env_kwargs(cfg), video_route=0, max_steps_per_route=args.max_steps,
-                   progress=False, meta={"run": str(run_dir)})
     rows = _learning_curve(run_dir / "logs" / "episodes.csv", run_dir / "learning_curve.png")
     m = res["metrics"]
     return {

@@ -15,12 +15,9 @@ stdout is the run's summary as JSON.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
-    os.environ.setdefault(_k, "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import hydra  # noqa: E402
@@ -37,7 +34,6 @@ def main(cfg: DictConfig) -> dict:
 
 def _main(cfg: DictConfig) -> dict:
     from drivemind.training import train
-    from drivemind.training.build import env_kwargs, town_density
 
     c = OmegaConf.to_container(cfg, resolve=True)
     resume = c.get("resume")
@@ -55,15 +51,10 @@ def _main(cfg: DictConfig) -> dict:
         c = yaml.safe_load((run_dir / "config.yaml").read_text())
     ev = c.get("eval") or {}
     if ev.get("at_end") and summary["status"] == "finished":
-        from drivemind.evaluation import evaluate
-        from drivemind.training.evaluate import load_policy
+        from drivemind.training.evaluate import evaluate_run
 
-        town, density = town_density(c)
-        policy, _ = load_policy(run_dir)
-        res = evaluate(policy, town=town, density=density, out_dir=run_dir / "eval" / f"{town}-{density}",
-                       env_kwargs=env_kwargs(c), routes=ev.get("routes"), video_route=ev.get("video_route", 0),
-                       max_steps_per_route=ev.get("max_steps_per_route", 20000),
-                       meta={"run": str(run_dir)})
+        res = evaluate_run(run_dir, routes=ev.get("routes"), video_route=ev.get("video_route", 0),
+                           max_steps_per_route=ev.get("max_steps_per_route", 20000))
         summary["eval"] = {k: res["metrics"][k] for k in ("AS", "RC", "TD", "CS", "SR", "CR")}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     if summary["status"] != "finished":

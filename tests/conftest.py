@@ -26,3 +26,19 @@ def town02(shared_maps):
     from drivemind.maps import load_town
 
     return load_town(str(path))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Pins torch (and numba) to one thread for a module: the networks in these tests are tiny, and
+    two OpenMP threads stall badly when another process holds a core (10x slower seen on a loaded
+    2-core box). Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import numba
+    import torch as th
+
+    n, nb = th.get_num_threads(), numba.get_num_threads()
+    numba.set_num_threads(1)
+    th.set_num_threads(1)
+    yield
+    numba.set_num_threads(nb)
+    th.set_num_threads(n)

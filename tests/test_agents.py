@@ -24,12 +24,7 @@ from drivemind.rewards import Reward, make_reward
 BEV = {"preset": "cpu", "size": 48, "rgb_size": 32}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_env(**kw):

@@ -29,13 +29,7 @@ TINY = dict(net_arch=[32], features_extractor_kwargs=dict(cnn_output_dim=32))
 N_STEPS, N_ENVS = 16, 2
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """The networks here are tiny: more threads only contend (10x slower on a loaded 2-core box)."""
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_venv(n_envs=N_ENVS, **env_kw):

@@ -5,19 +5,13 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch as th
 
 import drivemind  # noqa: F401
 from drivemind.agents import LABELLED, DriveSAC
 from drivemind.rewards import REWARDS, AICRStatic, Composite, make_reward, reward_params
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    n = th.get_num_threads()
-    th.set_num_threads(1)
-    yield
-    th.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class FakeText:

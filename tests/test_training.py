@@ -21,10 +21,8 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
-import numba
 import numpy as np
 import pytest
-import torch as th
 import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -42,16 +40,7 @@ SAC = ["algo.learning_starts=50", "algo.batch_size=16", "algo.buffer_size=1000"]
 PPO = ["algo=ppo", "algo.n_steps=64", "algo.batch_size=32", "algo.n_epochs=1"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    # numba's OpenMP layer (the buffer's parallel decode) sets the OpenMP thread count torch uses
-    # to numba's own on every call, so both are pinned
-    n, nb = th.get_num_threads(), numba.get_num_threads()
-    numba.set_num_threads(1)
-    th.set_num_threads(1)
-    yield
-    numba.set_num_threads(nb)
-    th.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def config(*overrides: str) -> dict:

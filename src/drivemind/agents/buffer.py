@@ -155,13 +155,20 @@ class RelabelReplayBuffer(ReplayBuffer):
                 f"{avail / 1e9:.2f} GB are available: lower algo.buffer_size")
 
     # ------------------------------------------------------------------ writing
+    def _encode_image(self, key: str, frame) -> tuple[np.ndarray, np.ndarray] | None:
+        """(codes, palette) of one frame, or None (counted) when it is too rich for a palette and
+        must be kept raw."""
+        enc = self.codecs[key].encode(np.asarray(frame))
+        if enc is None:
+            self.palette_overflows += 1
+        return enc
+
     def _encode(self, obs: dict, i: int) -> dict:
         """One env's observation, encoded (for the terminal side table)."""
         out = {}
-        for k, codec in self.codecs.items():
-            enc = codec.encode(np.asarray(obs[k][i]))
+        for k in self.codecs:
+            enc = self._encode_image(k, obs[k][i])
             if enc is None:
-                self.palette_overflows += 1
                 out[k + ":raw"] = np.array(obs[k][i], np.uint8)
             else:
                 out[k + ":codes"], out[k + ":palette"] = enc
@@ -170,11 +177,10 @@ class RelabelReplayBuffer(ReplayBuffer):
         return out
 
     def _write_row(self, row: int, env: int, obs: dict):
-        for k, codec in self.codecs.items():
+        for k in self.codecs:
             self.raw.pop((k, row, env), None)
-            enc = codec.encode(np.asarray(obs[k][env]))
+            enc = self._encode_image(k, obs[k][env])
             if enc is None:
-                self.palette_overflows += 1
                 self.raw[(k, row, env)] = np.array(obs[k][env], np.uint8)
             else:
                 self.codes[k][row, env], self.palettes[k][row, env] = enc

@@ -56,3 +56,32 @@ def check_policy_env(policy, env_space, where):
     """A clear error when the env's observations differ from the checkpoint's."""
     if policy.obs_signature is not None:
         check_compatible(policy.obs_signature, env_space, where)
+
+
+def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | None = None, *,
+                 checkpoint: str = "latest", device: str = "auto", map_path: str | None = None,
+                 out_dir: str | Path | None = None, meta: dict | None = None, **kwargs) -> dict:
+    """Evaluate a training run's checkpoint on the fixed routes of ``town`` x ``density`` (default:
+    the run's own) with the run's obs/env settings; reports go to ``<run>/eval/<town>-<density>``
+    unless ``out_dir``. ``kwargs`` go to :func:`drivemind.evaluation.evaluate`. Returns its result
+    plus ``out`` (the report folder)."""
+    from ..envs import DriveEnv
+    from ..evaluation import evaluate
+    from .build import env_kwargs
+
+    run_dir = Path(run_dir)
+    policy, _ = load_policy(run_dir, checkpoint, device)
+    cfg = policy.config
+    town = town or cfg["town"]["name"]
+    density = density or cfg["density"]["name"]
+    kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path")})
+    probe = DriveEnv(town, density, mode="eval", **kw)  # a clear error before any route runs
+    try:
+        check_policy_env(policy, probe.observation_space, run_dir)
+    finally:
+        probe.close()
+    out = Path(out_dir) if out_dir else run_dir / "eval" / f"{town}-{density}"
+    res = evaluate(policy, town=town, density=density, out_dir=out, env_kwargs=kw,
+                   meta={"run": str(run_dir), "checkpoint": checkpoint, "policy": run_dir.name,
+                         **(meta or {})}, **kwargs)
+    return {**res, "out": out}

@@ -19,12 +19,10 @@ from pathlib import Path
 
 import yaml
 
+from ..evaluation import compute_metrics
 from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec_env,
                     observation_signature)
 from .callbacks import CheckpointEvery, EpisodeMetrics, StopOnSignal, latest_checkpoint, save_checkpoint
-
-for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
-    os.environ.setdefault(_k, "1")  # nothing downloads at run time
 
 
 def _setup_logger(model, cfg: dict, run_dir: Path, resume: bool = False):
@@ -151,9 +149,8 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
                 "nonfinite_rewards": int(getattr(getattr(model, "replay_buffer", None),
                                                  "nonfinite_rewards",
                                                  getattr(model, "nonfinite_rewards", 0)) or 0),
-                "episode_metrics": (metrics.records and
-                                    __import__("drivemind.evaluation", fromlist=["x"])
-                                    .compute_metrics(metrics.records, mode="train")) or None,
+                "episode_metrics": (compute_metrics(metrics.records, mode="train")
+                                    if metrics.records else None),
             }
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
             model.logger.close()  # flushes and ends the TensorBoard writer thread, closes the CSV

@@ -5,7 +5,14 @@ Heavy imports (torch, transformers) happen when these names are first used."""
 
 from __future__ import annotations
 
+import os
+
 from .captions import VOCABULARY, caption, caption_vocabulary, situation
+
+# Nothing downloads weights at run time: set before any model library is imported through here.
+# (A user who wants the hub sets these to 0 before importing drivemind.)
+for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
+    os.environ.setdefault(_k, "1")
 
 __all__ = ["BevClip", "MiniLMTextEncoder", "VOCABULARY", "caption", "caption_vocabulary",
            "find_weights", "minilm_dir", "retrieval_accuracy", "situation", "train_bev_clip"]
