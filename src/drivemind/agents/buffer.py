@@ -83,13 +83,17 @@ def _decode(codes, palettes, out):  # pragma: no cover - compiled
 class RelabelReplayBuffer(ReplayBuffer):
     """See the module docstring. Drop-in for SB3's off-policy algorithms on Dict observations whose
     image keys are uint8 C x H x W; extra arguments: ``fact_keys`` (default: the env's
-    ``FACT_KEYS``), ``embedding_dim`` (0 = no slot), ``palette_size``."""
+    ``FACT_KEYS``), ``embedding_dim`` (0 = no slot), ``obs_embeddings`` (also keep the embedding
+    of the observation each action was taken in, for world models), ``columns`` (``{name: dtype}``
+    per-transition values a reward's ``prepare`` fills, e.g. DriveMind's prompt ids),
+    ``palette_size``."""
 
     def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, fact_keys: tuple[str, ...] | None = None,
                  embedding_dim: int = 0, palette_size: int = 64, scale_images: bool = False,
-                 check_memory: bool = True):
+                 check_memory: bool = True, obs_embeddings: bool = False,
+                 columns: dict | None = None):
         if not isinstance(observation_space, spaces.Dict):
             raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -118,6 +122,11 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.labels = np.zeros((n, e), np.uint8)
         self.embeddings = (np.zeros((n, e, self.embedding_dim), np.float16)
                            if self.embedding_dim else None)
+        if obs_embeddings and not self.embedding_dim:
+            raise ValueError("obs_embeddings=True needs an embedding slot (embedding_dim > 0)")
+        self.obs_embeddings = (np.zeros((n, e, self.embedding_dim), np.float16)
+                               if obs_embeddings else None)
+        self.columns = {k: np.zeros((n, e), np.dtype(dt)) for k, dt in (columns or {}).items()}
         self.terminal: dict[int, dict] = {}  # slot -> encoded terminal next observation
         self.raw: dict[tuple[str, int, int], np.ndarray] = {}  # (key, row, env) -> frame too rich for a palette
         self._obs_ready = np.zeros(e, bool)  # row `pos` already holds this env's current observation
@@ -131,9 +140,9 @@ class RelabelReplayBuffer(ReplayBuffer):
     def nbytes(self) -> int:
         """Bytes held by the buffer's arrays and side tables (arrays are counted in full)."""
         arrays = [*self.codes.values(), *self.palettes.values(), *self.vectors.values(), self.actions,
-                  self.rewards, self.dones, self.timeouts, self.facts, self.labels]
-        if self.embeddings is not None:
-            arrays.append(self.embeddings)
+                  self.rewards, self.dones, self.timeouts, self.facts, self.labels,
+                  *self.columns.values()]
+        arrays += [a for a in (self.embeddings, self.obs_embeddings) if a is not None]
         side = sum(v.nbytes for d in self.terminal.values() for v in d.values())
         side += sum(v.nbytes for v in self.raw.values())
         return int(sum(a.nbytes for a in arrays) + side)
@@ -218,8 +227,9 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.dones[r] = np.asarray(done, np.float32)
         self.rewards[r] = 0.0
         self.labels[r] = PENDING
-        if self.embeddings is not None:
-            self.embeddings[r] = 0
+        for a in (self.embeddings, self.obs_embeddings, *self.columns.values()):
+            if a is not None:
+                a[r] = 0
         self.pos = nxt
         if self.pos == 0:
             self.full = True
@@ -250,17 +260,54 @@ class RelabelReplayBuffer(ReplayBuffer):
         return {LABEL_NAMES[i]: int(c[i]) for i in range(4)}
 
     def fact_batch(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """Stored facts (and embeddings, as ``embedding``) of the given slots, as a reward batch."""
+        """The reward batch of the given slots: stored facts, plus ``action``, ``done``, ``env``,
+        ``slot``, the embeddings (``embedding``, ``obs_embedding``) and the reward columns."""
+        slots = np.asarray(slots, np.int64)
         f = self.facts.reshape(-1, len(self.fact_keys))[slots]
         batch = {k: f[:, i] for i, k in enumerate(self.fact_keys)}
+        batch["action"] = self.actions.reshape(-1, self.action_dim)[slots]
+        batch["done"] = self.dones.reshape(-1)[slots]
+        batch["env"] = slots % self.n_envs
+        batch["slot"] = slots
         if self.embeddings is not None:
             batch["embedding"] = self.embeddings.reshape(-1, self.embedding_dim)[slots].astype(np.float32)
+        if self.obs_embeddings is not None:
+            batch["obs_embedding"] = (self.obs_embeddings.reshape(-1, self.embedding_dim)[slots]
+                                      .astype(np.float32))
+        for k, a in self.columns.items():
+            batch[k] = a.reshape(-1)[slots]
         return batch
 
-    def set_embeddings(self, slots: np.ndarray, emb: np.ndarray):
-        if self.embeddings is None:
-            raise ValueError("this buffer has no embedding slot: create it with embedding_dim > 0")
-        self.embeddings.reshape(-1, self.embedding_dim)[slots] = emb
+    def set_embeddings(self, slots: np.ndarray, emb: np.ndarray, obs: bool = False):
+        """Store image embeddings of the slots' next observations (``obs=True``: of the
+        observations their actions were taken in)."""
+        target = self.obs_embeddings if obs else self.embeddings
+        if target is None:
+            raise ValueError("this buffer has no embedding slot: create it with embedding_dim > 0"
+                             + (" and obs_embeddings=True" if obs else ""))
+        target.reshape(-1, self.embedding_dim)[slots] = emb
+
+    def set_column(self, name: str, slots: np.ndarray, values: np.ndarray):
+        if name not in self.columns:
+            raise KeyError(f"no reward column {name!r} in this buffer (it has {sorted(self.columns)}): "
+                           f"build the agent with the reward that declares it")
+        self.columns[name].reshape(-1)[slots] = values
+
+    def time_order(self, slots: np.ndarray) -> np.ndarray:
+        """``slots`` sorted oldest first (rows counted from the write position, then env)."""
+        slots = np.asarray(slots, np.int64)
+        rows, envs = np.divmod(slots, self.n_envs)
+        age = (rows - self.pos) % self.buffer_size  # 0 = the oldest row still stored
+        return slots[np.lexsort((envs, age))]
+
+    def predecessors(self, slots: np.ndarray) -> np.ndarray:
+        """The slot of the same env's previous transition in the same episode, or -1 (episode
+        start, or overwritten)."""
+        slots = np.asarray(slots, np.int64)
+        rows, envs = np.divmod(slots, self.n_envs)
+        prev = (rows - 1) % self.buffer_size
+        ok = (self.labels[prev, envs] != EMPTY) & (self.dones[prev, envs] == 0) & (rows != self.pos)
+        return np.where(ok, prev * self.n_envs + envs, -1)
 
     def label(self, reward_fn, slots: np.ndarray, batch_size: int = 65536) -> dict[str, float]:
         """(Re)compute the rewards of ``slots`` from their stored facts, in batches. Returns the

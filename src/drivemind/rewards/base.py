@@ -5,8 +5,30 @@
     terms = r.explain(batch)          # {term name: (N,) weighted contribution}; they sum to values
 
 Facts are the env's ``FACT_KEYS`` (``drivemind.envs``). Rewards never touch the simulator, so a
-replay buffer can re-score stored transitions whenever weights change. Semantic rewards (image
-embeddings) arrive with the reward package issue under the same interface.
+replay buffer can re-score stored transitions whenever weights change.
+
+Besides the facts, the replay buffer's batches carry (when a reward ``needs`` them):
+
+- ``action`` (N, 2): the action taken; ``done`` (N,): the episode ended at this transition;
+  ``env`` (N,): the env column; ``slot`` (N,): the transition's buffer slot.
+- ``embedding`` (N, D): the contrastive image embedding of the frame the facts describe (the
+  observation the action led to); ``obs_embedding`` (N, D): that of the observation the action
+  was taken in (for world models).
+- any per-transition ``columns`` a reward declares (e.g. DriveMind's ``prompt_id``), filled by its
+  ``prepare`` hook.
+
+Hooks for rewards with online state (all optional; the defaults do nothing):
+
+- ``columns``: ``{name: numpy dtype}`` stored per transition by the replay buffer.
+- ``prepare(ctx)``: called once per labelling round, before scoring, with the new transitions in
+  time order (:class:`LabelContext`); returns ``{column: (N,) values}`` to store.
+- ``learn(sampler)``: called once per training round (e.g. a world model's update); returns
+  ``{log key: value}``.
+- ``bind_encoder(encoder)``: the contrastive encoder whose image embeddings are stored; semantic
+  rewards take their text embeddings from the same encoder (one embedding space).
+- ``state_dict()`` / ``load_state_dict(d)``: state saved with the agent's checkpoint and restored
+  on resume (prompt caches, novelty buffers, world-model weights).
+- ``stats()``: ``{log key: value}`` for the logs.
 """
 
 from __future__ import annotations
@@ -16,11 +38,48 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass
+class LabelContext:
+    """What ``Reward.prepare`` sees: the transitions about to be labelled, in time order.
+
+    ``batch`` is their reward batch (facts, embeddings, actions...); ``frame(i)`` returns the
+    i-th one's next observation (dict of numpy arrays, e.g. ``["bev"]``) for models that read
+    pixels; ``step`` is the agent's env-step count."""
+
+    slots: np.ndarray
+    batch: dict
+    frame: object = None  # callable(i) -> dict[str, np.ndarray]
+    step: int = 0
+
+
 class Reward:
     """Base class: subclasses set ``name`` and ``needs`` and implement ``terms``."""
 
     name = "reward"
     needs: tuple[str, ...] = ()
+    columns: dict = {}
+
+    def prepare(self, ctx: LabelContext) -> dict[str, np.ndarray]:
+        return {}
+
+    def learn(self, sampler) -> dict[str, float]:
+        return {}
+
+    def bind_encoder(self, encoder) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def parts_iter(self):
+        """This reward and every reward inside it (composites recurse)."""
+        yield self
 
     def terms(self, batch: dict) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -54,6 +113,44 @@ class Composite(Reward):
             if not np.isfinite(w):
                 raise ValueError(f"weight of {key!r} must be finite, got {w}")
         self.needs = tuple(dict.fromkeys(k for _, r in self.parts.values() for k in r.needs))
+        self.columns = {k: v for _, r in self.parts.values() for k, v in r.columns.items()}
+
+    def parts_iter(self):
+        yield self
+        for _, r in self.parts.values():
+            yield from r.parts_iter()
+
+    def prepare(self, ctx):  # parts weighted 0 (ablated) are skipped
+        out = {}
+        for w, r in self.parts.values():
+            if w != 0.0:
+                out.update(r.prepare(ctx))
+        return out
+
+    def learn(self, sampler):
+        out = {}
+        for w, r in self.parts.values():
+            if w != 0.0:
+                out.update(r.learn(sampler))
+        return out
+
+    def bind_encoder(self, encoder):
+        for _, r in self.parts.values():
+            r.bind_encoder(encoder)
+
+    def state_dict(self):
+        return {key: sd for key, (_, r) in self.parts.items() if (sd := r.state_dict())}
+
+    def load_state_dict(self, state):
+        for key, sd in (state or {}).items():
+            if key in self.parts:
+                self.parts[key][1].load_state_dict(sd)
+
+    def stats(self):
+        out = {}
+        for _, r in self.parts.values():
+            out.update(r.stats())
+        return out
 
     def terms(self, batch):
         out = {}

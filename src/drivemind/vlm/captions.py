@@ -110,7 +110,14 @@ def situation(info: dict) -> dict[str, str]:
 
 def caption(info: dict, rng=None) -> str:
     """One sentence for one step's facts; ``rng`` (``numpy.random.Generator``) picks paraphrases."""
-    sit = situation(info)
+    return describe(situation(info), rng)
+
+
+def describe(sit: dict[str, str], rng=None) -> str:
+    """The caption of a situation (one key of each ``VOCABULARY`` table), as ``caption`` writes it."""
+    for k, table in VOCABULARY.items():
+        if sit.get(k) not in table:
+            raise ValueError(f"situation[{k!r}] must be one of {sorted(table)}, got {sit.get(k)!r}")
 
     def pick(table, key):
         opts = table[key]
