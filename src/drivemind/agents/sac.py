@@ -18,7 +18,15 @@ Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
   frame the action led to, which the step's facts also describe) through BEV-CLIP
   (``BevClip.load(bev_shape=...)``, loaded once; a BEV shape it was not trained for is refused when
   the model is built). Each transition is embedded once; ``set_reward`` with new prompts re-scores
-  from the stored embeddings. ``embedded_frames`` counts the frames embedded so far.
+  from the stored embeddings. ``embedded_frames`` counts the frames embedded so far. A reward
+  that needs ``obs_embedding`` (DriveMind's PCFM world model) also gets the embedding of the
+  observation each action was taken in: copied from the same episode's previous transition, or
+  embedded at episode starts.
+- **Rewards with online state** (``drivemind.rewards.base``): before scoring, the new transitions
+  go to ``reward_fn.prepare`` in time order (DriveMind's novelty detector and prompt cache; the
+  columns it returns, e.g. prompt ids, are stored per transition); after each training round
+  ``reward_fn.learn`` gets a sampler of (v_t, a_t, v_t+1) embedding triples (the world model);
+  ``reward_fn.state_dict()`` is saved with the model (``reward_state``) and restored by ``load``.
 
 Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load, gSDE) is SB3's.
 """
@@ -35,7 +43,7 @@ from stable_baselines3.common.utils import polyak_update
 from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputPolicy
 from torch.nn import functional as F
 
-from .buffer import PENDING, RelabelReplayBuffer
+from .buffer import LABELLED, PENDING, RelabelReplayBuffer
 from .extractor import DriveExtractor
 
 
@@ -94,7 +102,12 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
 
 def needs_embedding(reward_fn) -> bool:
     """Whether a reward reads image embeddings (``Composite`` collects its parts' needs)."""
-    return reward_fn is not None and "embedding" in tuple(getattr(reward_fn, "needs", ()))
+    needs = tuple(getattr(reward_fn, "needs", ())) if reward_fn is not None else ()
+    return "embedding" in needs or "obs_embedding" in needs
+
+
+def needs_obs_embedding(reward_fn) -> bool:
+    return reward_fn is not None and "obs_embedding" in tuple(getattr(reward_fn, "needs", ()))
 
 
 class DriveSAC(SAC):
@@ -109,12 +122,17 @@ class DriveSAC(SAC):
         self.reward_terms: dict[str, float] = {}
         self._bev_clip = None
         self.embedded_frames = 0
+        self.reward_state: dict | None = None
         if replay_buffer_class is None:
             replay_buffer_class = RelabelReplayBuffer
             replay_buffer_kwargs = {"scale_images": True, **(replay_buffer_kwargs or {})}
         if needs_embedding(reward_fn) and issubclass(replay_buffer_class, RelabelReplayBuffer):
             from ..vlm.text import TEXT_DIM
             replay_buffer_kwargs = {"embedding_dim": TEXT_DIM, **(replay_buffer_kwargs or {})}
+            if needs_obs_embedding(reward_fn):
+                replay_buffer_kwargs.setdefault("obs_embeddings", True)
+        if getattr(reward_fn, "columns", None) and issubclass(replay_buffer_class, RelabelReplayBuffer):
+            replay_buffer_kwargs = {"columns": dict(reward_fn.columns), **(replay_buffer_kwargs or {})}
         super().__init__(policy, env, replay_buffer_class=replay_buffer_class,
                          replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
 
@@ -132,10 +150,18 @@ class DriveSAC(SAC):
         buf = self.replay_buffer
         if not isinstance(buf, RelabelReplayBuffer):
             return 0
-        pending = buf.slots(PENDING)
+        pending = buf.time_order(buf.slots(PENDING))
         if len(pending):
             self.embed_missing(pending)
-            self.reward_terms = buf.label_pending(self.reward_fn)
+            prepare = getattr(self.reward_fn, "prepare", None)
+            if prepare is not None:
+                from ..rewards.base import LabelContext
+
+                ctx = LabelContext(pending, buf.fact_batch(pending), step=self.num_timesteps,
+                                   frame=lambda i: buf.observation(int(pending[i]), next=True))
+                for k, v in (prepare(ctx) or {}).items():
+                    buf.set_column(k, pending, v)
+            self.reward_terms = buf.label(self.reward_fn, pending)
         return len(pending)
 
     def set_reward(self, reward_fn) -> None:
@@ -168,12 +194,11 @@ class DriveSAC(SAC):
             raise ValueError(f"reward {self.reward_name!r} needs image embeddings but this replay "
                              f"buffer has no embedding slot: build the model with this reward "
                              f"(or replay_buffer_kwargs=dict(embedding_dim=384))")
-        slots = np.asarray(slots, np.int64)
+        all_slots = np.asarray(slots, np.int64)
         flat = buf.embeddings.reshape(-1, buf.embedding_dim)
-        slots = slots[~np.any(flat[slots] != 0, axis=1)]
-        if not len(slots):
-            return 0
-        model = self.bev_clip()
+        slots = all_slots[~np.any(flat[all_slots] != 0, axis=1)]
+        n = 0
+        model = self.bev_clip() if len(slots) else None
         for a in range(0, len(slots), batch_size):
             s = slots[a:a + batch_size]
             rows, envs = np.divmod(s, buf.n_envs)
@@ -181,12 +206,52 @@ class DriveSAC(SAC):
             terminal = {i: int(x) for i, x in enumerate(s) if done[i] and int(x) in buf.terminal}
             nxt = buf._read_rows((rows + 1) % buf.buffer_size, envs, terminal, scaled=False)
             buf.set_embeddings(s, model.embed(nxt["bev"].numpy(), batch_size=batch_size))
-        self.embedded_frames += len(slots)
-        return len(slots)
+        n += len(slots)
+        if buf.obs_embeddings is not None and len(all_slots):
+            # v_t of each transition: the same episode's previous next-embedding, else embed obs
+            oflat = buf.obs_embeddings.reshape(-1, buf.embedding_dim)
+            todo = all_slots[~np.any(oflat[all_slots] != 0, axis=1)]
+            prev = buf.predecessors(todo)
+            has = prev >= 0
+            has[has] = np.any(flat[prev[has]] != 0, axis=1)
+            oflat[todo[has]] = flat[prev[has]]
+            start = todo[~has]
+            if len(start):
+                model = model or self.bev_clip()
+                for a in range(0, len(start), batch_size):
+                    s = start[a:a + batch_size]
+                    rows, envs = np.divmod(s, buf.n_envs)
+                    obs = buf._read_rows(rows, envs, {}, scaled=False)
+                    buf.set_embeddings(s, model.embed(obs["bev"].numpy(), batch_size=batch_size), obs=True)
+                n += len(start)
+        self.embedded_frames += n
+        return n
+
+    def embedding_sampler(self, batch_size: int) -> dict | None:
+        """(v_t, a_t, v_t+1) for ``batch_size`` random labelled transitions that have both
+        embeddings (``obs_embedding``, ``action``, ``embedding``), or None when there are none."""
+        buf = self.replay_buffer
+        if not isinstance(buf, RelabelReplayBuffer) or buf.obs_embeddings is None:
+            return None
+        ok = buf.slots(LABELLED)
+        if not len(ok):
+            return None
+        s = ok[np.random.randint(0, len(ok), size=batch_size)]
+        d = buf.embedding_dim
+        v = buf.obs_embeddings.reshape(-1, d)[s].astype(np.float32)
+        nxt = buf.embeddings.reshape(-1, d)[s].astype(np.float32)
+        keep = np.any(v != 0, axis=1) & np.any(nxt != 0, axis=1)
+        if not keep.any():
+            return None
+        return {"obs_embedding": v[keep], "embedding": nxt[keep],
+                "action": buf.actions.reshape(-1, buf.action_dim)[s][keep]}
 
     def _log_reward(self):
         for k, v in self.reward_terms.items():
             self.logger.record(f"reward/{k}", v)
+        stats = getattr(self.reward_fn, "stats", None)
+        for k, v in (stats() if stats is not None else {}).items():
+            self.logger.record(k, v)
         if isinstance(self.replay_buffer, RelabelReplayBuffer):
             for k, v in self.replay_buffer.stats().items():
                 self.logger.record(k, v)
@@ -263,6 +328,10 @@ class DriveSAC(SAC):
                 polyak_update(self._q_params, self._q_target_params, self.tau)
                 polyak_update(self.batch_norm_stats, self.batch_norm_stats_target, 1.0)
 
+        learn = getattr(self.reward_fn, "learn", None)
+        for k, v in ((learn(self.embedding_sampler) if learn is not None else None) or {}).items():
+            self.logger.record(k, v)
+
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/ent_coef", np.mean(ent_coefs))
@@ -277,6 +346,12 @@ class DriveSAC(SAC):
         if truncate_last_traj and isinstance(self.replay_buffer, RelabelReplayBuffer):
             # the run continues in new episodes: close the stored ones at their last transition
             self.replay_buffer.truncate_last_trajectory()
+
+    def save(self, path, exclude=None, include=None) -> None:
+        sd = getattr(self.reward_fn, "state_dict", None)
+        if sd is not None:
+            self.reward_state = sd() or None
+        super().save(path, exclude=exclude, include=include)
 
     def _excluded_save_params(self) -> list[str]:
         # the reward is passed to load again (its name is saved); the buffer is saved separately
@@ -297,4 +372,6 @@ class DriveSAC(SAC):
             if saved is not None and saved != model.reward_name:
                 warnings.warn(f"the model was trained with reward {saved!r} and is now given "
                               f"{model.reward_name!r}", UserWarning, stacklevel=2)
+            elif getattr(model, "reward_state", None) and hasattr(reward_fn, "load_state_dict"):
+                reward_fn.load_state_dict(model.reward_state)  # prompts, novelty, world model
         return model

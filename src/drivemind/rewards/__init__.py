@@ -5,6 +5,7 @@ import inspect
 from .base import Composite, Reward
 from .kinematic import ASAP, HVFR, TIRL, Chen, ChatScene, Task
 from .revolve import Revolve
+from .drivemind import DriveMind
 from .semantic import AICRStatic, drivemind_static
 
 
@@ -16,7 +17,7 @@ def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
 REWARDS = {
     "task": Task, "hvfr": HVFR, "tirl": TIRL, "chen": Chen, "asap": ASAP, "chatscene": ChatScene,
     "revolve": Revolve, "drivemind_kinematic": _kinematic_drivemind,
-    "aicr_static": AICRStatic, "drivemind_static": drivemind_static,
+    "aicr_static": AICRStatic, "drivemind_static": drivemind_static, "drivemind": DriveMind,
 }
 
 
@@ -42,5 +43,5 @@ def make_reward(name: str, **kwargs) -> Reward:
     return REWARDS[name](**kwargs)
 
 
-__all__ = ["AICRStatic", "ASAP", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
+__all__ = ["AICRStatic", "ASAP", "DriveMind", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
            "Revolve", "Reward", "Task", "drivemind_static", "make_reward", "reward_params"]

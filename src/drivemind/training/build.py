@@ -83,7 +83,15 @@ def make_reward_from_cfg(cfg: dict):
     r = _sub(cfg, "reward")
     if "name" not in r:
         raise ValueError("config needs reward.name (choose reward=<name>)")
-    return make_reward(str(r["name"]), **dict(r.get("params") or {}))
+    name, params = str(r["name"]), dict(r.get("params") or {})
+    ablate = r.get("ablate")
+    if ablate not in (None, "none", ""):
+        from ..rewards import reward_params
+        if "ablate" not in reward_params(name):
+            raise ValueError(f"reward.ablate={ablate} is not available for reward={name}: only "
+                             f"rewards with ablations (reward=drivemind) accept it")
+        params["ablate"] = str(ablate)
+    return make_reward(name, **params)
 
 
 def _policy_kwargs(algo: dict) -> dict:
