@@ -39,6 +39,61 @@ def _tint(rgb, f):
     return tuple(int(round(c + (255 - c) * f)) for c in rgb)
 
 
+def palette(cfg: BevConfig):
+    """Colour look-up for ``cfg``'s mask stack: (plane order, lut (C, 256, 3), paint (C, 256)).
+    Channels ``cfg`` does not have are skipped; history planes fade with age."""
+    H = len(cfg.history)
+    idx, n = cfg.plane_start, cfg.n_channels
+    lut = np.zeros((n, 256, 3), np.uint8)
+    paint = np.zeros((n, 256), np.bool_)
+    order = []
+
+    def add(name, k, values, rgb):
+        if name not in idx:
+            return
+        plane = idx[name] + k
+        lut[plane, values] = rgb
+        paint[plane, values] = True
+        if plane not in order:
+            order.append(plane)
+
+    add("road", 0, slice(1, 256), _BASE["road"])
+    add("route", 0, slice(1, 256), _BASE["route"])
+    add("lane", 0, 120, _BASE["broken"])
+    add("lane", 0, 255, _BASE["solid"])
+    for k in range(H):
+        fade = (H - 1 - k) * 0.2  # older steps paler, as in Roach's rendering
+        for val, name in ((80, "green"), (170, "yellow"), (255, "red")):
+            add("light", k, val, _tint(_BASE[name], fade))
+    for name in ("vehicle", "walker"):
+        for k in range(H):
+            add(name, k, slice(1, 256), _tint(_BASE[name], (H - 1 - k) * 0.2))
+    add("ego", 0, slice(1, 256), _BASE["ego"])
+    return np.array(order, np.int64), lut, paint
+
+
+def masks_to_rgb(masks: np.ndarray, config: BevConfig | None = None) -> np.ndarray:
+    """Colour stored uint8 masks without a renderer: (C, H, W) -> (H, W, 3), or (N, C, H, W) ->
+    (N, H, W, 3) uint8, with the colours of :meth:`BevRenderer.rgb` (``config``: the BevConfig
+    the masks were rendered with; default Roach's 15 channels)."""
+    cfg = config if config is not None else BevConfig()
+    if not isinstance(cfg, BevConfig):
+        raise TypeError(f"config must be a BevConfig, got {type(cfg).__name__}")
+    arr = np.asarray(masks)
+    single = arr.ndim == 3
+    if single:
+        arr = arr[None]
+    if arr.ndim != 4 or arr.dtype != np.uint8 or arr.shape[1] != cfg.n_channels:
+        raise ValueError(f"expected uint8 BEV masks (N, {cfg.n_channels}, H, W) or "
+                         f"({cfg.n_channels}, H, W) for channels {list(cfg.channels)}, got "
+                         f"{arr.dtype} {arr.shape}; pass the BevConfig the masks were rendered with")
+    order, lut, paint = palette(cfg)
+    out = np.zeros((arr.shape[0], arr.shape[2], arr.shape[3], 3), np.uint8)
+    for i in range(arr.shape[0]):
+        K.colorize(np.ascontiguousarray(arr[i]), order, lut, paint, out[i])
+    return out[0] if single else out
+
+
 class _Frame:
     __slots__ = ("pos", "yaw", "ext", "vehicle", "walker", "light_state")
 
@@ -145,29 +200,4 @@ class BevRenderer:
 
     def _palette(self):
         """Colour look-up per (plane, value) of the ALL_CHANNELS mask stack, and the plane order."""
-        cfg = self.rgb_cfg
-        H = len(cfg.history)
-        idx, n = cfg.plane_start, cfg.n_channels
-        lut = np.zeros((n, 256, 3), np.uint8)
-        paint = np.zeros((n, 256), np.bool_)
-        order = []
-
-        def add(plane, values, rgb):
-            lut[plane, values] = rgb
-            paint[plane, values] = True
-            if plane not in order:
-                order.append(plane)
-
-        add(idx["road"], slice(1, 256), _BASE["road"])
-        add(idx["route"], slice(1, 256), _BASE["route"])
-        add(idx["lane"], 120, _BASE["broken"])
-        add(idx["lane"], 255, _BASE["solid"])
-        for k in range(H):
-            fade = (H - 1 - k) * 0.2  # older steps paler, as in Roach's rendering
-            for val, name in ((80, "green"), (170, "yellow"), (255, "red")):
-                add(idx["light"] + k, val, _tint(_BASE[name], fade))
-        for name in ("vehicle", "walker"):
-            for k in range(H):
-                add(idx[name] + k, slice(1, 256), _tint(_BASE[name], (H - 1 - k) * 0.2))
-        add(idx["ego"], slice(1, 256), _BASE["ego"])
-        return np.array(order, np.int64), lut, paint
+        return palette(self.rgb_cfg)
