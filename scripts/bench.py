@@ -33,6 +33,17 @@ train: SAC env steps/s with one gradient step per env step (batch 256, 15x96x96 
      process. Reports steps_per_s, sb3_steps_per_s, ratio_vs_sb3 and replay bytes per transition
      for both (and the size of 100k transitions).
 
+    python scripts/bench.py reward
+
+reward: reward=drivemind against reward=chen, both DriveSAC with one gradient step per env step on
+     the same env (15x96x96 BEV), filled past learning_starts untimed, then timed in alternating
+     rounds in the same process: steps_per_s for each and ratio (drivemind / chen; target >= 0.8).
+     Then a per-component latency table like DriveMind's Table 6, each part timed on its own over
+     the run's stored frames: policy (action from an observation), contrastive embedding (one BEV),
+     novelty score, prompt-cache lookup, world-model foresight (one prediction) and update (one
+     batch), the generator when triggered, and the amortised per-step total at the run's trigger
+     rate. ``--generator`` picks the generator slot timed (default: the privileged teacher).
+
     python scripts/bench.py learn [--run-dir <a finished experiment=learning_check run>]
 
 learn: SAC with the kinematic reward on the built-in grid town without traffic
@@ -290,6 +301,102 @@ def bench_train(args) -> dict:
     }
 
 
+def bench_reward(args) -> dict:
+    import copy
+    import statistics
+
+    import gymnasium as gym
+    import numpy as np
+    import torch as th
+
+    import drivemind  # noqa: F401
+    from drivemind.agents import LABELLED, DriveSAC
+    from drivemind.rewards import make_reward
+    from drivemind.vlm.prompts import PromptRequest, parse_prompt_json
+
+    if args.threads:
+        th.set_num_threads(args.threads)
+    common = dict(buffer_size=args.buffer_size, batch_size=args.batch_size, learning_starts=args.warmup,
+                  train_freq=1, gradient_steps=1, seed=args.seed, verbose=0)
+
+    def env():
+        return gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev)
+
+    dm = make_reward("drivemind", novelty_warmup=args.novelty_warmup, generator=args.generator)
+    models = {"drivemind": DriveSAC(env=env(), reward_fn=dm, **common),
+              "chen": DriveSAC(env=env(), reward_fn=make_reward("chen"), **common)}
+    for m in models.values():  # fill past learning_starts (and the novelty warm-up), untimed
+        m.learn(args.warmup + 1)
+    rates = {k: [] for k in models}
+    for _ in range(args.rounds):
+        for k, m in models.items():
+            t = time.perf_counter()
+            m.learn(args.steps, reset_num_timesteps=False)
+            rates[k].append(args.steps / (time.perf_counter() - t))
+    ours, chen = (statistics.median(rates[k]) for k in ("drivemind", "chen"))
+
+    # ---- per-component latency (Table 6), each on its own over the stored frames
+    m = models["drivemind"]
+    dm.wait()
+    buf = m.replay_buffer
+    slots = buf.slots(LABELLED)[-args.frames:]
+    frames = [buf.observation(int(s), next=True) for s in slots]
+    emb = buf.embeddings.reshape(-1, buf.embedding_dim)[slots].astype(np.float32)
+    acts = buf.actions.reshape(-1, buf.action_dim)[slots]
+    clip = m.bev_clip()
+    n = len(slots)
+
+    def per_call_ms(fn, items):
+        t = time.perf_counter()
+        for x in items:
+            fn(x)
+        return 1e3 * (time.perf_counter() - t) / max(len(items), 1)
+
+    obs1 = [{k: v[None] for k, v in f.items()} for f in frames]
+    lat = {
+        "policy": per_call_ms(lambda o: m.predict(o, deterministic=False), obs1),
+        "embedding": per_call_ms(lambda f: clip.embed(f["bev"][None]), frames),
+    }
+    nov = copy.deepcopy(dm.novelty)
+    lat["novelty"] = per_call_ms(nov.score, list(emb))
+    lat["prompt_cache"] = per_call_ms(
+        lambda v: dm.bank.vectors(np.array([dm.bank.assign(v)]), buf.embedding_dim), list(emb))
+    wm = dm.pcfm.model
+    lat["world_model"] = per_call_ms(lambda i: wm.predict(emb[i:i + 1], acts[i:i + 1]), range(n))
+    lat["world_model_update"] = per_call_ms(
+        lambda _: wm.update(emb[:args.batch_size], acts[:args.batch_size], emb[:args.batch_size]), range(20))
+    gen = dm.worker().generator
+    batch = buf.fact_batch(slots)
+    keys = [k for k, v in batch.items() if np.ndim(v) == 1]
+    reqs = [PromptRequest(facts={k: float(batch[k][i]) for k in keys}, bev=frames[i]["bev"])
+            for i in range(0, n, max(n // args.gen_calls, 1))][:args.gen_calls]
+    malformed = 0
+
+    def gen_once(r):
+        nonlocal malformed
+        try:
+            parse_prompt_json(gen.generate(r))
+        except ValueError:
+            malformed += 1
+
+    lat["generator_when_triggered"] = per_call_ms(gen_once, reqs)
+    rate = dm.novelty.triggers / max(dm.novelty.steps, 1)
+    base = sum(lat[k] for k in ("policy", "embedding", "novelty", "prompt_cache", "world_model"))
+    lat["total_without_generator"] = base
+    lat["amortised"] = base + rate * lat["generator_when_triggered"]
+    return {
+        "what": "reward", "town": args.town, "density": args.density,
+        "bev": list(m.observation_space["bev"].shape), "batch_size": args.batch_size,
+        "steps_per_s": round(ours, 3), "chen_steps_per_s": round(chen, 3), "ratio": round(ours / chen, 3),
+        "latency_ms": {k: round(v, 3) for k, v in lat.items()},
+        "generator": getattr(gen, "name", args.generator), "generator_stand_in": bool(getattr(gen, "stand_in", False)),
+        "generator_malformed": malformed, "trigger_rate": round(rate, 4),
+        "novelty_threshold": dm.novelty.threshold, "prompt_sets_generated": dm.counts["generated"],
+        "frames_timed": n, "rounds": {k: [round(v, 3) for v in r] for k, r in rates.items()},
+        "torch_threads": th.get_num_threads(), "torch": th.__version__, **machine(),
+    }
+
+
 def _learning_curve(episodes_csv: Path, out_png: Path) -> list[dict]:
     """Per-episode rows of a run (logs/episodes.csv) and a plot of distance and completion."""
     import csv
@@ -394,6 +501,22 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("reward", help="reward=drivemind vs reward=chen training steps/s, and DriveMind's "
+                                      "per-component latency table")
+    p.add_argument("--town", default="grid")
+    p.add_argument("--density", default="regular")
+    p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
+    p.add_argument("--batch-size", type=int, default=64, help="SAC batch (the CPU default config's)")
+    p.add_argument("--buffer-size", type=int, default=20_000)
+    p.add_argument("--warmup", type=int, default=600, help="env steps before timing (untimed)")
+    p.add_argument("--novelty-warmup", type=int, default=300)
+    p.add_argument("--steps", type=int, default=100, help="env steps per round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--frames", type=int, default=500, help="stored frames the components are timed on")
+    p.add_argument("--generator", default="privileged_teacher")
+    p.add_argument("--gen-calls", type=int, default=20, help="generator calls timed")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("learn", help="the SAC learning check: train on a built-in town without traffic "
                                      "(experiment=learning_check), then route completion on its fixed routes")
     p.add_argument("--run-dir", default=None, help="evaluate this finished learning_check run instead of training")
@@ -403,7 +526,7 @@ def main(argv=None):
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. total_timesteps=50000")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
-              "train": bench_train, "learn": bench_learn}[args.what](args)
+              "train": bench_train, "reward": bench_reward, "learn": bench_learn}[args.what](args)
     print(json.dumps(result))
     return result
 
