@@ -15,7 +15,9 @@ for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
     os.environ.setdefault(_k, "1")
 
 __all__ = ["BevClip", "MiniLMTextEncoder", "VOCABULARY", "caption", "caption_vocabulary",
-           "find_weights", "minilm_dir", "retrieval_accuracy", "situation", "train_bev_clip"]
+           "find_weights", "minilm_dir", "retrieval_accuracy", "situation", "train_bev_clip",
+           "OpenClipEncoder", "resolve_openclip_weights", "CRITICAL_CLASSES", "Detection",
+           "PrivilegedDetector", "YoloDetector", "gate", "build_detector", "dynamic_view"]
 
 
 def __getattr__(name):
@@ -25,4 +27,11 @@ def __getattr__(name):
     if name in ("MiniLMTextEncoder", "minilm_dir"):
         from . import text
         return getattr(text, name)
+    if name in ("OpenClipEncoder", "resolve_openclip_weights"):  # needs the vision extra
+        from . import openclip
+        return getattr(openclip, name)
+    if name in ("CRITICAL_CLASSES", "Detection", "PrivilegedDetector", "YoloDetector", "gate",
+                "build_detector", "dynamic_view"):
+        from . import detectors
+        return getattr(detectors, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
