@@ -26,7 +26,7 @@ from ..sim.config import DENSITIES, SimConfig, check_options, density_config
 from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
 from ..sim.world import LiteWorld
 from .routes import eval_routes
-from .tracker import RouteTracker, corridor_lead, route_stops
+from .tracker import RouteTracker, corridor_lead, route_commands, route_stops
 
 BACKENDS = ("lite",)
 MODES = ("train", "eval")
@@ -38,7 +38,7 @@ FACT_KEYS = (
     "route_length", "route_remaining", "distance", "routes_completed", "collision",
     "collision_class", "collision_speed_kmh", "collision_other_speed_kmh", "offroad",
     "stuck_time", "light_state", "light_distance", "lead_distance", "lead_speed_kmh",
-    "overtakes", "failure", "task_reward", "time",
+    "overtakes", "failure", "task_reward", "time", "command",
 )
 TERMINATIONS = ("collision", "off_route", "stuck", "arrived")
 TRUNCATIONS = ("distance", "max_steps")
@@ -176,6 +176,7 @@ class DriveEnv(gym.Env):
     def _set_route(self, route, snap: WorldSnapshot):
         self.tracker = RouteTracker(route)
         self._stops = route_stops(route, snap.lights)
+        self._commands = route_commands(route, self.map)
         e = snap.ego
         self.tracker.update(e.x, e.y, e.yaw)
 
@@ -353,6 +354,7 @@ class DriveEnv(gym.Env):
             "lead_distance": float(min(gap, c.lead_range)), "lead_speed_kmh": lead_speed * 3.6,
             "overtakes": float(self._overtakes(snap)), "failure": float(failure),
             "task_reward": float(reward), "time": snap.time,
+            "command": float(self._commands[tr.idx]),
         }
 
     # ------------------------------------------------------------------ extras

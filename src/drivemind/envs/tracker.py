@@ -85,6 +85,51 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     return best, who
 
 
+#: High-level route commands (CARLA's ``RoadOption`` values), the ``command`` fact.
+COMMANDS = {1: "left", 2: "right", 3: "straight", 4: "follow", 5: "change_left", 6: "change_right"}
+
+
+def route_commands(route: Route, roadmap, horizon: float = 20.0,
+                   turn_angle: float = math.radians(30)) -> np.ndarray:
+    """The command (``COMMANDS`` code) at every route point, computed once per route.
+
+    A junction passage (a run of route points on junction lanes) is a left / right turn when the
+    heading changes by more than ``turn_angle`` between entering and leaving it (CARLA's frame:
+    a right turn increases yaw), else straight; a lane change is a change to the previous lane's
+    left or right neighbour. Each point takes the command of the first such event whose start
+    lies within ``horizon`` metres ahead (a junction keeps its command until it is left), else
+    follow-lane (4)."""
+    n = len(route.pts)
+    out = np.full(n, 4, np.int8)
+    lanes = route.lanes
+    in_junc = roadmap.junction[lanes] >= 0
+    events = []  # (first index, last index, code)
+    i = 0
+    while i < n:
+        if in_junc[i]:
+            j = i
+            while j + 1 < n and in_junc[j + 1]:
+                j += 1
+            a = max(i - 1, 0)
+            dyaw = (route.yaw[j] - route.yaw[a] + math.pi) % (2 * math.pi) - math.pi
+            code = 3 if abs(dyaw) <= turn_angle else (2 if dyaw > 0 else 1)
+            events.append((i, j, code))
+            i = j + 1
+            continue
+        if i > 0 and lanes[i] != lanes[i - 1] and not in_junc[i - 1]:
+            prev, new = int(lanes[i - 1]), int(lanes[i])
+            if roadmap.left[prev] == new:
+                events.append((i, i, 5))
+            elif roadmap.right[prev] == new:
+                events.append((i, i, 6))
+        i += 1
+    cum = route.cum
+    for a, b, code in reversed(events):  # nearer events overwrite farther ones
+        lo = int(np.searchsorted(cum, cum[a] - horizon, side="left"))
+        out[lo:b + 1] = code
+    return out
+
+
 class RouteTracker:
     """The ego's position along a route: arc length, signed lateral offset (+ right), heading
     error, and the route ahead."""
