@@ -231,3 +231,14 @@ def test_yolo_missing_weights_one_clear_error(yolo, monkeypatch, tmp_path):
         YoloDetector("yolov8n.yaml", imgsz=100)
     with pytest.raises(ValueError, match="RGB"):
         yolo[0].detect_batch(np.zeros((1, 8, 8), np.uint8))
+
+
+def test_config_file_detector_is_the_privileged_stand_in():
+    from pathlib import Path
+
+    import yaml
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "vlm" / "openclip.yaml")
+                         .read_text())
+    det = build_detector(cfg["detector"])
+    assert isinstance(det, PrivilegedDetector) and det.fov_deg == cfg["detector"]["fov_deg"]

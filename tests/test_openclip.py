@@ -252,3 +252,20 @@ def test_embed_bad_input(enc):
     assert plain.embed(np.zeros((1, 15, 40, 40), np.uint8)).shape == (1, 32)
     with pytest.raises(ValueError, match="pass bev="):
         plain.embed(np.zeros((1, 16, 40, 40), np.uint8))
+
+
+def test_config_file_builds_the_papers_encoder_or_says_what_is_missing(tmp_path):
+    pytest.importorskip("open_clip", reason="needs the vision extra (open_clip_torch)")
+    from pathlib import Path
+
+    import yaml
+
+    from drivemind.vlm.openclip import OpenClipEncoder
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "vlm" / "openclip.yaml")
+                         .read_text())
+    assert cfg["name"] == "openclip"
+    enc = dict(cfg["encoder"], cache_dir=str(tmp_path))
+    assert (enc["model_name"], enc["pretrained"]) == (BIGG, BIGG_TAG)
+    with pytest.raises(FileNotFoundError, match="open_clip_model.safetensors"):
+        OpenClipEncoder.from_config(enc)
