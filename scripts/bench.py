@@ -323,7 +323,8 @@ def bench_reward(args) -> dict:
         return gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev)
 
     dm = make_reward("drivemind", novelty_warmup=args.novelty_warmup, generator=args.generator)
-    models = {"drivemind": DriveSAC(env=env(), reward_fn=dm, **common),
+    service = {"max_batch": 32, "max_wait_ms": 10.0} if args.service else None
+    models = {"drivemind": DriveSAC(env=env(), reward_fn=dm, reward_service=service, **common),
               "chen": DriveSAC(env=env(), reward_fn=make_reward("chen"), **common)}
     for m in models.values():  # fill past learning_starts (and the novelty warm-up), untimed
         m.learn(args.warmup + 1)
@@ -334,6 +335,7 @@ def bench_reward(args) -> dict:
             m.learn(args.steps, reset_num_timesteps=False)
             rates[k].append(args.steps / (time.perf_counter() - t))
     ours, chen = (statistics.median(rates[k]) for k in ("drivemind", "chen"))
+    models["drivemind"].close_service()
 
     # ---- per-component latency (Table 6), each on its own over the stored frames
     m = models["drivemind"]
@@ -388,6 +390,7 @@ def bench_reward(args) -> dict:
         "what": "reward", "town": args.town, "density": args.density,
         "bev": list(m.observation_space["bev"].shape), "batch_size": args.batch_size,
         "steps_per_s": round(ours, 3), "chen_steps_per_s": round(chen, 3), "ratio": round(ours / chen, 3),
+        "reward_service": bool(args.service),
         "latency_ms": {k: round(v, 3) for k, v in lat.items()},
         "generator": getattr(gen, "name", args.generator), "generator_stand_in": bool(getattr(gen, "stand_in", False)),
         "generator_malformed": malformed, "trigger_rate": round(rate, 4),
@@ -515,6 +518,8 @@ def main(argv=None):
     p.add_argument("--frames", type=int, default=500, help="stored frames the components are timed on")
     p.add_argument("--generator", default="privileged_teacher")
     p.add_argument("--gen-calls", type=int, default=20, help="generator calls timed")
+    p.add_argument("--service", action="store_true",
+                   help="drivemind embeds through the reward service process (algo.reward_service)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("learn", help="the SAC learning check: train on a built-in town without traffic "

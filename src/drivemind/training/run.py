@@ -157,5 +157,8 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             if wb is not None:
                 wb.finish()
     finally:
+        close = getattr(model, "close_service", None) if "model" in locals() else None
+        if close is not None:
+            close()  # the reward service's worker process
         venv.close()
     return summary
