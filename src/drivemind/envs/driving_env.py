@@ -28,7 +28,7 @@ from ..sim.world import LiteWorld
 from .routes import eval_routes
 from .tracker import RouteTracker, corridor_lead, route_commands, route_stops
 
-BACKENDS = ("lite",)
+BACKENDS = ("lite", "carla")
 MODES = ("train", "eval")
 
 # Per-step facts in ``info`` (all floats): what rewards and metrics are computed from.
@@ -41,7 +41,7 @@ FACT_KEYS = (
     "overtakes", "failure", "task_reward", "time", "command",
 )
 TERMINATIONS = ("collision", "off_route", "stuck", "arrived")
-TRUNCATIONS = ("distance", "max_steps")
+TRUNCATIONS = ("distance", "max_steps", "server_lost")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class DriveEnv(gym.Env):
 
     def __init__(self, town: str = "grid", density: str = "regular", *, mode: str = "train",
                  backend: str = "lite", sim=None, bev=None, config=None, routes_file=None,
-                 map_path=None, render_mode: str | None = None, **overrides):
+                 map_path=None, render_mode: str | None = None, carla=None, **overrides):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if backend not in BACKENDS:
@@ -140,8 +140,15 @@ class DriveEnv(gym.Env):
         self.sim_cfg = _sim_config(density, sim)
         self.town, self.density, self.mode = town, density, mode
         self.render_mode = render_mode
-        self.map = load_town(town, search_path=map_path)
-        self.world = LiteWorld(self.map, self.sim_cfg)
+        if backend == "carla":  # the server loads the town; its map becomes the RoadMap
+            from ..carla_backend import CarlaBackend
+            self.world = CarlaBackend(town, self.sim_cfg, carla, map_path=map_path)
+            self.map = self.world.map
+        else:
+            if carla:
+                raise ValueError("CARLA server options (carla=...) need backend='carla' (sim=carla)")
+            self.map = load_town(town, search_path=map_path)
+            self.world = LiteWorld(self.map, self.sim_cfg)
         self.bev = BevRenderer(self.map, self.bev_cfg)
         self._routes_file = routes_file
         self._eval_routes = None
@@ -230,6 +237,7 @@ class DriveEnv(gym.Env):
                              f"output (NaN/inf usually means diverged network weights)")
         a = np.clip(a, -1.0, 1.0)
         snap = self.world.step(a)
+        lost = getattr(self.world, "interrupted", "")  # the backend restarted the world (CARLA)
         self.snapshot = snap
         c, e = self.cfg, snap.ego
         self.steps += 1
@@ -251,7 +259,9 @@ class DriveEnv(gym.Env):
             if self.mode == "eval":
                 termination = "arrived"
         truncation = ""
-        if not termination:
+        if lost:  # the server was lost and reconnected: this episode ends here, the run goes on
+            termination, truncation = "", lost
+        elif not termination:
             if self.distance >= c.max_distance:
                 truncation = "distance"
             elif c.max_episode_steps is not None and self.steps >= c.max_episode_steps:
