@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from drivemind.agents.reward_service import (RewardService, RewardServiceDead, R
 
 ECHO, FAIL, SLOW, SHORT = 0, 1, 2, 3
 MAX_BATCH, MAX_PENDING, MAX_WAIT_MS = 8, 16, 300.0
+WIDTH = 128  # the shared service's payloads: int64 (WIDTH,), through its shared-memory ring
 
 
 class Scripted:
@@ -49,7 +51,7 @@ class Scripted:
         return fn
 
 
-def req(values, cmd=ECHO, width=2):
+def req(values, cmd=ECHO, width=WIDTH):
     p = np.zeros((len(values), width), np.int64)
     p[:, 0] = values
     p[:, 1] = cmd
@@ -59,7 +61,8 @@ def req(values, cmd=ECHO, width=2):
 @pytest.fixture(scope="module")
 def svc():
     s = RewardService(Scripted(), max_batch=MAX_BATCH, max_wait_ms=MAX_WAIT_MS,
-                      max_pending=MAX_PENDING, name="test-service")
+                      max_pending=MAX_PENDING, name="test-service",
+                      payload_spec=((WIDTH,), np.int64))
     yield s
     s.close()
 
@@ -210,6 +213,10 @@ def test_wrong_number_of_results_is_an_error(clean):
 
 
 def test_bad_requests_are_refused_before_sending(clean):
+    with pytest.raises(ValueError, match=r"int64 arrays of shape \(128,\).*got int64 \(2,\)"):
+        clean.submit([1], req([1], width=2))
+    with pytest.raises(ValueError, match="payload_spec.*int32"):
+        clean.submit([1], req([1]).astype(np.int32))
     with pytest.raises(ValueError, match="duplicate ids"):
         clean.submit([1, 1], req([1, 2]))
     with pytest.raises(ValueError, match="2 ids but 3 payloads"):
@@ -246,9 +253,10 @@ def test_killed_worker_is_detected_and_close_leaves_no_child():
     with RewardService(Scripted(slow_s=30.0), max_batch=4, max_wait_ms=1.0, name="victim") as s:
         pid = s.pid
         assert process_exists(pid) and pid != os.getpid()
-        s.submit([1], req([7]))
-        s.drain(timeout=30)  # a result that arrived before the death stays pollable
-        p = req([1, 2])
+        s.submit([1, 2], [(7, ECHO), (8, ECHO)])  # no payload_spec: any picklable payloads
+        ids, res = s.drain(timeout=30)
+        assert by_id(ids, res[:, 0]) == {1: 14, 2: 16}
+        p = req([1, 2], width=2)
         p[:, 1] = SLOW
         s.submit([11, 12], p)  # the worker is busy with these when it dies
         os.kill(pid, signal.SIGKILL)
@@ -259,7 +267,7 @@ def test_killed_worker_is_detected_and_close_leaves_no_child():
         assert sorted(ei.value.ids.tolist()) == [11, 12] and ei.value.exitcode == -signal.SIGKILL
         assert "11, 12" in str(ei.value)
         with pytest.raises(RewardServiceDead):
-            s.submit([13], req([1]))
+            s.submit([13], req([1], width=2))
         with pytest.raises(RewardServiceDead):
             s.poll()
         assert not s.alive
@@ -268,11 +276,43 @@ def test_killed_worker_is_detected_and_close_leaves_no_child():
         s.poll()
 
 
+EXIT_SCRIPT = """
+import functools, sys
+from drivemind.agents.reward_service import RewardService
+if __name__ == "__main__":
+    svc = RewardService(functools.partial(functools.partial, list), max_wait_ms=1.0)  # echo
+    svc.submit([1, 2], [10, 20])
+    ids, res = svc.drain(timeout=60)
+    print(svc.pid, sorted(zip(ids.tolist(), res)), flush=True)
+    sys.exit(0)  # no close(): the service must go with the interpreter
+"""
+
+
+def test_worker_goes_away_when_the_interpreter_exits_without_close(tmp_path):
+    import subprocess
+
+    script = tmp_path / "leave_open.py"
+    script.write_text(EXIT_SCRIPT)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    pid_text, results = out.stdout.strip().split(" ", 1)
+    assert results == "[(1, 10), (2, 20)]"
+    pid = int(pid_text)
+    deadline = time.monotonic() + 10
+    while process_exists(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not process_exists(pid)
+
+
 # ------------------------------------------------------------------ memory
 def _sizes(s: RewardService) -> dict:
     return {"in_flight": (len(s._in_flight), sys.getsizeof(s._in_flight)),
             "ready": (len(s._ready), sys.getsizeof(s._ready)),
-            "errors": len(s._errors), "lat": s._lat.nbytes, "hist": s._batch_hist.nbytes}
+            "errors": len(s._errors), "lat": s._lat.nbytes, "hist": s._batch_hist.nbytes,
+            "free_slots": (len(s._free), sys.getsizeof(s._free)), "ring": s._ring.nbytes}
 
 
 def test_memory_stays_bounded_over_10k_requests(clean):
@@ -280,14 +320,14 @@ def test_memory_stays_bounded_over_10k_requests(clean):
     rss = {}
     for r in range(n // k):
         ids = np.arange(r * k, (r + 1) * k) + 10**9
-        assert clean.submit(ids, req(ids, width=128)) == k  # 1 kB payloads
+        assert clean.submit(ids, req(ids)) == k  # 1 kB payloads
         got, res = clean.drain(timeout=30)
         assert len(got) == k and np.array_equal(np.sort(got), ids)
         if r == 100:
             early, rss["early"] = _sizes(clean), rss_bytes(clean.pid)
     late, rss["late"] = _sizes(clean), rss_bytes(clean.pid)
     assert late == early
-    assert late["in_flight"][0] == 0 and late["ready"][0] == 0
+    assert late["in_flight"][0] == 0 and late["ready"][0] == 0 and late["free_slots"][0] == MAX_PENDING
     st = clean.stats()
     assert st["max_in_flight"] <= MAX_PENDING and st["worker_queue_high_water"] <= MAX_PENDING
     # a leak of the 1 kB payloads (or their results) would add ~8 MB in the worker
@@ -333,9 +373,11 @@ def test_bev_clip_service_matches_in_process_embed_by_id():
     rng = np.random.default_rng(1)
     order = rng.permutation(40)
     slots = 5000 + 7 * np.arange(40)  # slot ids, not positions
-    with RewardService(factory, max_batch=32, max_wait_ms=10.0, max_pending=64, name="bev-clip") as s:
+    # max_pending 16 < 40 frames: ring slots are reused while earlier batches are embedded
+    with RewardService(factory, max_batch=32, max_wait_ms=10.0, max_pending=16, name="bev-clip") as s:
         pid = s.pid
-        with pytest.raises(ValueError, match=r"uint8 frames of shape \(15, 96, 96\)"):
+        assert s.payload_spec == (BEV_SHAPE, np.dtype(np.uint8))
+        with pytest.raises(ValueError, match=r"uint8 arrays of shape \(15, 96, 96\)"):
             s.submit([1], frames[:1, :, :64])  # refused in the learner, before sending
         for a, b in ((0, 3), (3, 30), (30, 40)):  # out of order, uneven submits
             s.submit(slots[order[a:b]], frames[order[a:b]])
@@ -347,4 +389,4 @@ def test_bev_clip_service_matches_in_process_embed_by_id():
     got = np.stack([emb[list(ids).index(sl)] for sl in slots])
     assert sorted(pos[int(i)] for i in ids) == list(range(40))
     np.testing.assert_allclose(got, ref, atol=1e-5)
-    assert st["completed"] == 40 and st["batches"] >= 2 and st["mean_batch_size"] <= 32
+    assert st["completed"] == 40 and st["batches"] >= 3 and st["mean_batch_size"] <= 16

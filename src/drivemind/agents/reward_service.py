@@ -25,10 +25,14 @@ Semantics (docs/reward_service.md has the long form):
   makes the constructor raise. A worker process that dies is detected (end of pipe, or the process
   is gone) and raises :class:`RewardServiceDead` naming the exit code and the lost ids; the service
   is then unusable (results already received can still be polled).
-- **Bounded memory.** Everything that could grow with the run is bounded by ``max_pending``: the
-  in-flight table, the worker's queue, the results waiting to be polled (a caller that submits
-  without ever polling gets a clear error, not a growing heap). Statistics are running sums, a
-  fixed batch-size histogram and a fixed ring of recent latencies.
+- **Bounded memory.** Everything that could grow with the run is bounded: the in-flight table and
+  the worker's queue by ``max_pending``; results received but not yet polled by ``max_ready``
+  (beyond it ``submit`` raises rather than let a learner that never polls grow the heap).
+  Statistics are running sums, a fixed batch-size histogram and a fixed ring of recent latencies.
+- **Payload transport.** With a ``payload_spec`` (shape, dtype) -- ``bev_clip_embedder`` has one --
+  payloads are copied into a shared-memory ring of ``max_pending`` slots allocated once at start;
+  only ids and slot numbers go through the pipe, and a slot is reused once its result is back.
+  Without one, payloads are pickled through the pipe (any picklable object).
 - **One process, spawn.** The worker is started with the ``spawn`` method by default (safe with
   torch and threads); the factory must therefore be picklable (a module-level function or a class
   instance), and a script that creates a service must guard its entry point with
@@ -43,6 +47,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -106,8 +111,16 @@ def _check_results(results, n: int):
                      f"request, got {type(results).__name__}")
 
 
-def _worker_main(factory, req_conn, res_conn, max_batch: int, max_wait: float):
-    """The worker process: build the batch function, then batch, run, send back."""
+def _ring_view(raw, spec, n: int) -> np.ndarray:
+    shape, dtype = spec
+    return np.frombuffer(raw, np.uint8).view(np.dtype(dtype)).reshape(n, *shape)
+
+
+def _worker_main(factory, req_conn, res_conn, max_batch: int, max_wait: float, ring_raw=None,
+                 spec=None, n_slots: int = 0):
+    """The worker process: build the batch function, then batch, run, send back. With a payload
+    ring, requests name ring slots and the batch function gets one (n, *shape) array copied
+    from them; otherwise it gets the list of unpickled payloads."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the learner's to handle
     try:
         fn = factory()
@@ -117,10 +130,11 @@ def _worker_main(factory, req_conn, res_conn, max_batch: int, max_wait: float):
         try:
             res_conn.send(("fatal", _tail(traceback.format_exc())))
         finally:
-            return
+            _leave(1)
+    ring = _ring_view(ring_raw, spec, n_slots) if ring_raw is not None else None
     res_conn.send(("ready", os.getpid()))
 
-    pending: collections.deque = collections.deque()  # (id, payload, arrival time)
+    pending: collections.deque = collections.deque()  # (id, payload or ring slot, arrival time)
     cond = threading.Condition()
     stop = [False]
 
@@ -163,12 +177,17 @@ def _worker_main(factory, req_conn, res_conn, max_batch: int, max_wait: float):
             batch = [pending.popleft() for _ in range(min(max_batch, depth))]
         ids = np.fromiter((b[0] for b in batch), np.int64, len(batch))
         t0 = time.monotonic()
+        payloads = None
         try:
-            out = _check_results(fn([b[1] for b in batch]), len(batch))
+            if ring is not None:  # copied out: the learner may reuse a slot once its result is back
+                payloads = ring[np.fromiter((b[1] for b in batch), np.int64, len(batch))]
+            else:
+                payloads = [b[1] for b in batch]
+            out = _check_results(fn(payloads), len(batch))
             msg = ("ok", ids, out)
         except BaseException:
             msg = ("err", ids, _tail(traceback.format_exc()))
-        del batch
+        del batch, payloads
         t1 = time.monotonic()
         busy += t1 - t0
         try:
@@ -178,6 +197,19 @@ def _worker_main(factory, req_conn, res_conn, max_batch: int, max_wait: float):
                 res_conn.send(("err", ids, _tail(traceback.format_exc()), t1, depth, busy))
         except (BrokenPipeError, EOFError, OSError):
             break  # the learner is gone
+    _leave(0)
+
+
+def _leave(code: int):
+    """Exit the worker at once: everything owed has been sent (sends are synchronous), and a full
+    interpreter shutdown with torch loaded takes seconds that close() would wait for. Standard
+    streams are flushed; atexit handlers do not run."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _shutdown(proc, req_conn, res_conn, timeout: float = 5.0):
@@ -208,6 +240,24 @@ def _shutdown(proc, req_conn, res_conn, timeout: float = 5.0):
         pass
 
 
+def _widen_pipe(conn, want: int = 1 << 20) -> int:
+    """Grow a pipe's kernel buffer (Linux: up to /proc/sys/fs/pipe-max-size, 1 MiB by default) so
+    that submitting a few frames does not wait for the worker to read them. Returns the size (0
+    where it cannot be read)."""
+    try:
+        import fcntl
+
+        fd = conn.fileno()
+        for size in (want, want // 2, want // 4):
+            try:
+                return fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+            except OSError:
+                continue
+        return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except (ImportError, AttributeError, OSError, ValueError):
+        return 0
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "the worker process is gone (exit code unknown)"
@@ -230,16 +280,21 @@ class RewardService:
     """One worker process answering labelling requests in micro-batches. See the module docstring.
 
     ``factory``: a picklable callable, called once in the worker, returning the batch function
-    ``fn(list_of_payloads) -> list | ndarray`` (one result per payload, in order). If the factory
-    has a ``validate(payloads)`` method, ``submit`` calls it in this process first, so malformed
-    payloads are refused at once. ``start_timeout``: seconds to wait for the factory (model loads).
+    ``fn(payloads) -> list | ndarray`` (one result per payload, in order).
+
+    ``payload_spec``: ``(shape, dtype)`` of every payload (default: the factory's
+    ``payload_spec`` attribute, if any). With it, payloads travel through a shared-memory ring of
+    ``max_pending`` slots (no pickling; the learner copies each payload once), ``submit`` refuses
+    payloads of another shape or dtype, and ``fn`` gets one ``(n, *shape)`` array. Without it,
+    payloads are pickled through the pipe and ``fn`` gets a list.
+    ``start_timeout``: seconds to wait for the factory (model loads).
     ``max_ready``: results received but not yet polled beyond which ``submit`` raises (a learner
     that never polls would otherwise grow memory without bound)."""
 
     def __init__(self, factory: Callable[[], Callable[[list], Any]], *, max_batch: int = 32,
                  max_wait_ms: float = 10.0, max_pending: int = 64, start_method: str = "spawn",
                  name: str = "reward-service", start_timeout: float = 300.0,
-                 max_ready: int = 16384):
+                 max_ready: int = 16384, payload_spec=None):
         if not callable(factory):
             raise TypeError(f"factory must be callable (it builds the batch function in the worker), "
                             f"got {type(factory).__name__}")
@@ -262,12 +317,14 @@ class RewardService:
         self.name = str(name)
         self.max_batch, self.max_pending = int(max_batch), int(max_pending)
         self.max_wait_ms = float(max_wait_ms)
-        self._validate = getattr(factory, "validate", None)
+        if payload_spec is None:
+            payload_spec = getattr(factory, "payload_spec", None)
+        self.payload_spec = _check_spec(payload_spec) if payload_spec is not None else None
         self._factory_repr = _short_repr(factory)
         self._closed = False
         self._dead: RewardServiceDead | None = None
         # bounded state: in-flight table (<= max_pending), received results (<= max_ready)
-        self._in_flight: dict[int, float] = {}  # id -> submit time (monotonic)
+        self._in_flight: dict[int, tuple[float, int]] = {}  # id -> (submit time, ring slot or -1)
         self._ready: collections.deque = collections.deque()  # (ids, results) chunks
         self._n_ready = 0
         self.max_ready = int(max_ready)  # received but not polled: beyond this, submit refuses
@@ -282,14 +339,23 @@ class RewardService:
         self._lat_sum = 0.0
         self._max_in_flight = self._max_worker_depth = 0
         self._blocked_s = 0.0
-        self._busy_s = 0.0
+        self._busy_s = self._busy0 = 0.0
         self._t_start = time.monotonic()
 
         ctx = mp.get_context(start_method)
+        self._ring = None
+        ring_raw = None
+        if self.payload_spec is not None:  # fixed: max_pending payloads, allocated once
+            shape, dtype = self.payload_spec
+            ring_raw = ctx.RawArray("B", max(self.max_pending * int(np.prod(shape)) * dtype.itemsize, 1))
+            self._ring = _ring_view(ring_raw, self.payload_spec, self.max_pending)
+            self._free = list(range(self.max_pending - 1, -1, -1))  # free ring slots (a stack)
         req_r, self._req = ctx.Pipe(duplex=False)  # learner -> worker
+        self.pipe_bytes = _widen_pipe(self._req)
         self._res, res_w = ctx.Pipe(duplex=False)  # worker -> learner
         self._proc = ctx.Process(target=_worker_main, name=self.name, daemon=True,
-                                 args=(factory, req_r, res_w, self.max_batch, self.max_wait_ms / 1000))
+                                 args=(factory, req_r, res_w, self.max_batch, self.max_wait_ms / 1000,
+                                       ring_raw, self.payload_spec, self.max_pending))
         self._proc.start()
         # only the worker holds its ends now: its death shows up here as end-of-pipe
         req_r.close()
@@ -384,11 +450,14 @@ class RewardService:
         self._n_batches += 1
         self._batch_hist[min(len(ids), self.max_batch)] += 1
         pop = self._in_flight.pop
+        ring = self._ring is not None
         if kind == "ok":
             for i in ids.tolist():
                 t = pop(i, None)
                 if t is not None:
-                    lat = t_done - t
+                    if ring:
+                        self._free.append(t[1])
+                    lat = t_done - t[0]
                     self._lat[self._lat_n % LATENCY_WINDOW] = lat
                     self._lat_n += 1
                     self._lat_sum += lat
@@ -399,7 +468,9 @@ class RewardService:
             self._n_ready += len(ids)
         else:
             for i in ids.tolist():
-                pop(i, None)
+                t = pop(i, None)
+                if t is not None and ring:
+                    self._free.append(t[1])
             self._n_failed += len(ids)
             self._n_error_batches += 1
             self._errors.append((ids, body))
@@ -444,19 +515,22 @@ class RewardService:
         if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or len(ids) == 0):
             raise ValueError(f"ids must be a 1-D sequence of integers, got {ids.dtype} {ids.shape}")
         ids = ids.astype(np.int64, copy=False)
+        if self.payload_spec is not None and isinstance(payloads, np.ndarray) and len(ids) == 1 \
+                and payloads.shape == self.payload_spec[0]:
+            payloads = payloads[None]  # one id, one bare payload
         if len(payloads) != len(ids):
             raise ValueError(f"{len(ids)} ids but {len(payloads)} payloads: give one payload per id")
         if len(ids) == 0:
             return 0
-        if len(np.unique(ids)) != len(ids):
+        if len(ids) > 1 and len(np.unique(ids)) != len(ids):
             u, c = np.unique(ids, return_counts=True)
             raise ValueError(f"duplicate ids in one submit: {_ids_text(u[c > 1])}")
         busy = [i for i in ids.tolist() if i in self._in_flight]
         if busy:
             raise ValueError(f"ids already in flight (results are keyed by id): {_ids_text(busy)}; "
                              f"wait for their results or use fresh ids")
-        if self._validate is not None:
-            self._validate(payloads)
+        if self.payload_spec is not None:
+            payloads = self._as_ring_payloads(payloads, len(ids))
         if self._n_ready >= self.max_ready:
             raise RewardServiceError(
                 f"reward service {self.name!r}: {self._n_ready} results are waiting to be collected; "
@@ -487,16 +561,33 @@ class RewardService:
             self._n_refused += n - sent
         return sent
 
-    def _send(self, ids: np.ndarray, payloads):
-        if not isinstance(payloads, (np.ndarray, list)):
-            payloads = list(payloads)
-        now = time.monotonic()
+    def _as_ring_payloads(self, payloads, n: int) -> np.ndarray:
+        shape, dtype = self.payload_spec
         try:
-            self._req.send(("req", ids, payloads))
+            arr = payloads if isinstance(payloads, np.ndarray) else np.stack(list(payloads))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"payloads must be {dtype} arrays of shape {shape} (this service's "
+                             f"payload_spec), stacked or as a list; they do not stack: {e}") from None
+        if arr.shape[1:] != shape or arr.dtype != dtype:
+            raise ValueError(f"payloads must be {dtype} arrays of shape {shape} (this service's "
+                             f"payload_spec); got {arr.dtype} {arr.shape[1:]} (all: {arr.shape})")
+        return arr
+
+    def _send(self, ids: np.ndarray, payloads):
+        now = time.monotonic()
+        if self._ring is not None:
+            slots = np.array([self._free.pop() for _ in range(len(ids))], np.int64)
+            self._ring[slots] = payloads
+            msg = ("req", ids, slots)
+        else:
+            slots = np.full(len(ids), -1, np.int64)
+            msg = ("req", ids, payloads if isinstance(payloads, (np.ndarray, list)) else list(payloads))
+        try:
+            self._req.send(msg)
         except (BrokenPipeError, EOFError, OSError):
             self._mark_dead()
-        for i in ids.tolist():
-            self._in_flight[i] = now
+        for i, sl in zip(ids.tolist(), slots.tolist()):
+            self._in_flight[i] = (now, sl)
         self._n_submitted += len(ids)
         self._max_in_flight = max(self._max_in_flight, len(self._in_flight))
 
@@ -572,8 +663,21 @@ class RewardService:
             "worker_queue_high_water": self._max_worker_depth,
             "worker_errors": self._n_error_batches,
             "blocked_s": self._blocked_s,
-            "worker_busy_share": self._busy_s / up,
+            "worker_busy_share": (self._busy_s - self._busy0) / up,
         }
+
+    def reset_stats(self) -> None:
+        """Zero the counters, histogram, latencies and high-water marks (e.g. after a warm-up,
+        or per logging interval); requests in flight are unaffected."""
+        self._n_submitted = self._n_completed = self._n_failed = self._n_batches = 0
+        self._n_error_batches = self._n_refused = 0
+        self._batch_hist[:] = 0
+        self._lat_n, self._lat_sum = 0, 0.0
+        self._max_in_flight = len(self._in_flight)
+        self._max_worker_depth = 0
+        self._blocked_s = 0.0
+        self._busy0 = self._busy_s
+        self._t_start = time.monotonic()
 
     def batch_size_histogram(self) -> np.ndarray:
         """Counts of batches by size (index = size, 0..max_batch)."""
@@ -606,6 +710,19 @@ class RewardService:
                 f"in_flight={len(self._in_flight)})")
 
 
+def _check_spec(spec) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        shape, dtype = spec
+        shape = tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"payload_spec must be (shape, dtype), e.g. ((15, 96, 96), 'uint8'); got "
+                         f"{spec!r} ({e})") from None
+    if min(shape, default=1) < 1 or dtype.hasobject:
+        raise ValueError(f"payload_spec needs positive dimensions and a plain dtype, got {spec!r}")
+    return shape, dtype
+
+
 def _short_repr(obj, n: int = 120) -> str:
     r = repr(obj)
     return r if len(r) <= n else r[:n] + "..."
@@ -616,25 +733,16 @@ def _short_repr(obj, n: int = 120) -> str:
 class BevClipEmbedder:
     """Picklable factory: in the worker, loads BEV-CLIP (``weights``: a resolved checkpoint path)
     with ``threads`` torch threads and returns ``fn(frames) -> (N, dim)`` unit embeddings
-    (``dtype``). ``validate`` checks frames in the learner before they are sent."""
+    (``dtype``). Its ``payload_spec`` makes the service carry frames in shared memory."""
 
     bev_shape: tuple[int, int, int]
     weights: str
     threads: int = 1
     dtype: str = "float32"
 
-    def validate(self, frames) -> None:
-        if isinstance(frames, np.ndarray):
-            if frames.dtype != np.uint8 or frames.shape[1:] != self.bev_shape:
-                raise ValueError(f"BEV-CLIP requests must be uint8 frames of shape {self.bev_shape} "
-                                 f"(C, H, W); got {frames.dtype} {frames.shape[1:]} (stacked "
-                                 f"{frames.shape})")
-            return
-        for k, f in enumerate(frames):
-            if not isinstance(f, np.ndarray) or f.dtype != np.uint8 or f.shape != self.bev_shape:
-                got = f"{f.dtype} {f.shape}" if isinstance(f, np.ndarray) else type(f).__name__
-                raise ValueError(f"BEV-CLIP requests must be uint8 frames of shape {self.bev_shape} "
-                                 f"(C, H, W); payload {k} is {got}")
+    @property
+    def payload_spec(self):
+        return self.bev_shape, "uint8"
 
     def __call__(self):
         import torch
@@ -646,7 +754,7 @@ class BevClipEmbedder:
         dtype = np.dtype(self.dtype)
 
         def embed(frames):
-            x = np.stack(frames)
+            x = np.asarray(frames) if isinstance(frames, np.ndarray) else np.stack(frames)
             return model.embed(x, batch_size=max(len(x), 1)).astype(dtype, copy=False)
 
         return embed
