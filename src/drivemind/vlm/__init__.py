@@ -17,7 +17,9 @@ for _k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
 __all__ = ["BevClip", "MiniLMTextEncoder", "VOCABULARY", "caption", "caption_vocabulary",
            "find_weights", "minilm_dir", "retrieval_accuracy", "situation", "train_bev_clip",
            "OpenClipEncoder", "resolve_openclip_weights", "CRITICAL_CLASSES", "Detection",
-           "PrivilegedDetector", "YoloDetector", "gate", "build_detector", "dynamic_view"]
+           "PrivilegedDetector", "YoloDetector", "gate", "build_detector", "dynamic_view",
+           "make_generator", "DistilledGenerator", "SmolVLMGenerator", "HttpTeacher",
+           "make_reasoner", "PrivilegedReasoner", "QwenVLReasoner", "RISK_VOCABULARY"]
 
 
 def __getattr__(name):
@@ -34,4 +36,16 @@ def __getattr__(name):
                 "build_detector", "dynamic_view"):
         from . import detectors
         return getattr(detectors, name)
+    if name in ("make_generator", "DistilledGenerator"):
+        from . import generators
+        return getattr(generators, name)
+    if name == "SmolVLMGenerator":
+        from . import smolvlm
+        return smolvlm.SmolVLMGenerator
+    if name == "HttpTeacher":
+        from . import http_teacher
+        return http_teacher.HttpTeacher
+    if name in ("make_reasoner", "PrivilegedReasoner", "QwenVLReasoner", "RISK_VOCABULARY"):
+        from . import reasoners
+        return getattr(reasoners, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
