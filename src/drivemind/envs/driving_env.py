@@ -38,7 +38,7 @@ FACT_KEYS = (
     "route_length", "route_remaining", "distance", "routes_completed", "collision",
     "collision_class", "collision_speed_kmh", "collision_other_speed_kmh", "offroad",
     "stuck_time", "light_state", "light_distance", "lead_distance", "lead_speed_kmh",
-    "overtakes", "failure", "task_reward", "time", "command",
+    "overtakes", "failure", "task_reward", "time", "command", "critical_count", "risk_id",
 )
 TERMINATIONS = ("collision", "off_route", "stuck", "arrived")
 TRUNCATIONS = ("distance", "max_steps", "server_lost")
@@ -151,6 +151,7 @@ class DriveEnv(gym.Env):
             self.world = LiteWorld(self.map, self.sim_cfg)
         self.bev = BevRenderer(self.map, self.bev_cfg)
         self._routes_file = routes_file
+        self._detector = None  # privileged detector + reasoner (facts critical_count, risk_id)
         self._eval_routes = None
         self._eval_i = 0
         if mode == "eval":  # load (or write) the fixed routes now, so a bad file fails here
@@ -365,7 +366,25 @@ class DriveEnv(gym.Env):
             "overtakes": float(self._overtakes(snap)), "failure": float(failure),
             "task_reward": float(reward), "time": snap.time,
             "command": float(self._commands[tr.idx]),
+            **self._critical(snap),
         }
+
+    def _critical(self, snap: WorldSnapshot) -> dict:
+        """DriveVLM-RL's dynamic-pathway gate and risk description from ground truth: the
+        privileged detector (stand-in for YOLOv8: critical-class actors in a forward cone) and the
+        privileged reasoner (stand-in for the LVLM: the canonical risk description, as an index
+        into ``drivemind.vlm.reasoners.RISK_VOCABULARY``)."""
+        if self._detector is None:
+            from ..vlm.detectors import PrivilegedDetector
+            from ..vlm.reasoners import RISK_VOCABULARY, PrivilegedReasoner
+            self._detector, self._reasoner = PrivilegedDetector(), PrivilegedReasoner()
+            self._risk_index = {t: i for i, t in enumerate(RISK_VOCABULARY)}
+        dets = self._detector.detect(snap)
+        from ..vlm.detectors import gate
+        n = sum(1 for d in dets if d.critical) if gate(dets) else 0
+        risk = self._reasoner.choose(dets) if n else None
+        return {"critical_count": float(n),
+                "risk_id": float(self._risk_index[risk]) if risk is not None else -1.0}
 
     # ------------------------------------------------------------------ extras
     def render(self):

@@ -6,7 +6,10 @@ from .base import Composite, Reward
 from .kinematic import ASAP, HVFR, TIRL, Chen, ChatScene, Task
 from .revolve import Revolve
 from .drivemind import DriveMind
+from .drivevlm import DriveVLMSynth, drivevlm_rl
 from .semantic import AICRStatic, drivemind_static
+from .contrastive import CLG, LORD, VLMRM, VLMSR, LORDSpeed, RoboCLIP, VLMRLSynth, vlm_rl
+from .found_rl import FoundRLClip, found_rl_clip
 
 
 def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
@@ -17,7 +20,9 @@ def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
 REWARDS = {
     "task": Task, "hvfr": HVFR, "tirl": TIRL, "chen": Chen, "asap": ASAP, "chatscene": ChatScene,
     "revolve": Revolve, "drivemind_kinematic": _kinematic_drivemind,
-    "aicr_static": AICRStatic, "drivemind_static": drivemind_static, "drivemind": DriveMind,
+    "aicr_static": AICRStatic, "drivemind_static": drivemind_static, "drivemind": DriveMind, "drivevlm_rl": drivevlm_rl,
+    "vlm_rl": vlm_rl, "vlm_sr": VLMSR, "roboclip": RoboCLIP, "vlm_rm": VLMRM, "lord": LORD,
+    "lord_speed": LORDSpeed, "found_rl_clip": found_rl_clip,
 }
 
 
@@ -43,5 +48,7 @@ def make_reward(name: str, **kwargs) -> Reward:
     return REWARDS[name](**kwargs)
 
 
-__all__ = ["AICRStatic", "ASAP", "DriveMind", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
-           "Revolve", "Reward", "Task", "drivemind_static", "make_reward", "reward_params"]
+__all__ = ["AICRStatic", "ASAP", "DriveMind", "DriveVLMSynth", "drivevlm_rl", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
+           "Revolve", "Reward", "Task", "drivemind_static", "make_reward", "reward_params",
+           "CLG", "LORD", "LORDSpeed", "RoboCLIP", "VLMRLSynth", "VLMRM", "VLMSR", "vlm_rl",
+           "FoundRLClip", "found_rl_clip"]
