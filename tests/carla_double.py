@@ -698,17 +698,20 @@ class FakeServer:
             else:
                 raise timeout_error(host, port, timeout)
 
-    def crash(self, restart_after: int | None = None):
-        """Stop answering; with ``restart_after``, come back as a fresh server (default map,
-        asynchronous, no actors) once that many more requests have failed."""
+    def crash(self, restart_after: int | None = None, fresh: bool = True):
+        """Stop answering; with ``restart_after``, come back once that many more requests have
+        failed: as a fresh server (default map, asynchronous, no actors), or with ``fresh=False``
+        as it was (a network outage)."""
         self.up = False
         self.restart_after = restart_after
         self.requests_while_down = 0
+        self.fresh = fresh
 
     def restart(self):
         self.up, self.restart_after = True, None
-        self.tms = {}
-        self.world = FakeWorld(self, self.default_map, self.maps[self.default_map])
+        if getattr(self, "fresh", True):
+            self.tms = {}
+            self.world = FakeWorld(self, self.default_map, self.maps[self.default_map])
 
     def live_actors(self, prefix=""):
         return [a for a in self.world.actors.values() if a.type_id.startswith(prefix)]

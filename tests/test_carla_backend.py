@@ -477,14 +477,32 @@ def test_lost_server_truncates_the_episode_and_the_run_goes_on(server, carla_env
     assert server.live_actors("vehicle.") == [] and not server.world.settings["synchronous_mode"]
 
 
-def test_server_that_stays_away_is_one_clear_error(server):
+def test_server_that_stays_away_is_one_clear_error(server, caplog):
     w = make(server, "grid", reconnect_attempts=2)
     w.reset(seed=0)
     server.crash()
     with pytest.raises(CarlaConnectionError, match=r"lost the CARLA server at localhost:2000 .*"
                        r"2 reconnection attempt\(s\).*sim=lite"):
         w.step((0.0, 0.5))
-    w.close()  # best effort with the server gone: no exception
+    destroyed = len(server.destroyed)
+    with caplog.at_level(logging.WARNING):
+        w.close()  # the server is gone: one check, no request per actor, no exception
+    assert "is gone" in caplog.text and len(server.destroyed) == destroyed
+
+
+def test_outage_without_restart_leaves_no_actors_behind(server):
+    """The server comes back as it was (a network outage): the actors of the interrupted
+    episode are destroyed through the new connection, then the episode is started again."""
+    w = make(server, "grid", density="drivevlm")
+    w.reset(seed=0)
+    server.crash(restart_after=3, fresh=False)
+    snap = w.step((0.0, 0.5))
+    assert w.interrupted == "server_lost" and len(server.loads) == 1  # same world, not reloaded
+    assert len(server.live_actors("vehicle.")) == 61 and len(server.live_actors("walker.")) == 20
+    assert len(server.live_actors("controller.")) == 20 and len(server.live_actors("sensor.")) == 2
+    assert len(snap.actors) == 80
+    assert w.step((0.0, 0.5)).frame == 1 and w.interrupted == ""
+    w.close()
 
 
 # --------------------------------------------------------------------------- the env, end to end

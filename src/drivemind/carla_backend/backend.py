@@ -128,6 +128,7 @@ class CarlaBackend:
         self._sensors: list = []
         self._controllers: list = []
         self._npc_ids: list[int] = []  # vehicles and walkers we spawned
+        self._stale_ids: list[int] = []  # actors of a connection we lost, destroyed when we can
         self._closed = False
         self._atexit = functools.partial(_close_ref, weakref.ref(self))
         atexit.register(self._atexit)
@@ -143,6 +144,7 @@ class CarlaBackend:
         self.client = connect(api, cfg.host, cfg.port, cfg.timeout)
         self.world = put_town(api, self.client, self.town, cfg, self.map_path)
         rm = roadmap_from_server(self.world, self.town, cfg.address)
+        self._cmap = self.world.get_map()  # fetched once per world (spawn heights)
         if first:
             self.map = rm
             self._grid = lane_grid(rm)
@@ -215,7 +217,7 @@ class CarlaBackend:
 
     def _transform(self, x: float, y: float, yaw: float):
         api = self.api
-        wp = self.world.get_map().get_waypoint(api.Location(x=x, y=y, z=0.0))
+        wp = self._cmap.get_waypoint(api.Location(x=x, y=y, z=0.0))
         z = (wp.transform.location.z if wp is not None else 0.0) + self.carla.spawn_lift
         return api.Transform(api.Location(x=x, y=y, z=z), api.Rotation(yaw=math.degrees(yaw)))
 
@@ -241,7 +243,7 @@ class CarlaBackend:
         if not (math.isfinite(ego_speed) and 0.0 <= ego_speed <= self.cfg.ego.max_speed):
             raise ValueError(f"ego_speed must be in [0, {self.cfg.ego.max_speed}] m/s, got {ego_speed}")
         # the Traffic Manager (and walker navigation) get the episode's seed itself
-        traffic_seed = int(seed) if seed is not None else int(self.rng.integers(2 ** 31 - 1))
+        traffic_seed = (int(seed) if seed is not None else int(self.rng.integers(2 ** 31))) % 2 ** 31
         try:
             return self._start_episode(pose, ego_speed, traffic_seed)
         except RuntimeError as exc:
@@ -515,11 +517,7 @@ class CarlaBackend:
         cfg = self.carla
         log.warning("lost the CARLA server at %s (%s); reconnecting (%d attempts, %.0f s apart)",
                     cfg.address, cause, cfg.reconnect_attempts, cfg.reconnect_wait)
-        for s in self._sensors:  # client-side listeners of the old connection
-            try:
-                s.stop()
-            except RuntimeError:
-                pass
+        self._stale_ids += self._forget_episode()  # handles of the old connection: ids only
         last: Exception = cause
         for attempt in range(cfg.reconnect_attempts):
             if attempt:
@@ -548,6 +546,14 @@ class CarlaBackend:
         return snap
 
     # ------------------------------------------------------------------ clean-up
+    def _forget_episode(self) -> list[int]:
+        """Drop our handles of the episode's actors; returns their ids."""
+        ids = [a.id for a in self._sensors] + [c.id for c in self._controllers] + self._npc_ids
+        if self._ego is not None:
+            ids.append(self._ego.id)
+        self._sensors, self._controllers, self._npc_ids, self._ego = [], [], [], None
+        return ids
+
     def _destroy_episode_actors(self):
         """Destroy what the last episode spawned (best effort: the server may be gone)."""
         for s in self._sensors:
@@ -560,10 +566,8 @@ class CarlaBackend:
                 c.stop()
             except RuntimeError:
                 pass
-        ids = [a.id for a in self._sensors] + [c.id for c in self._controllers] + self._npc_ids
-        if self._ego is not None:
-            ids.append(self._ego.id)
-        self._sensors, self._controllers, self._npc_ids, self._ego = [], [], [], None
+        ids = self._forget_episode() + self._stale_ids
+        self._stale_ids = []
         if ids and self.client is not None:
             try:
                 self.client.apply_batch_sync([self.api.command.DestroyActor(i) for i in ids], False)
@@ -578,6 +582,10 @@ class CarlaBackend:
         self._closed = True
         atexit.unregister(self._atexit)
         if self.client is None or self.world is None:
+            return
+        if not self._server_answers():  # gone: nothing to restore, and no timeout per actor
+            log.warning("the CARLA server at %s is gone; its actors and settings stay as they "
+                        "are", self.carla.address)
             return
         self._destroy_episode_actors()
         try:
