@@ -547,15 +547,15 @@ def test_hydra_sim_carla_trains_and_survives_a_lost_server(server, monkeypatch, 
             "logger=quiet", "progress_bar=false", "obs.bev.size=48",
             "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
             "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=30", "log_interval=1",
-            "algo.learning_starts=40", "algo.batch_size=16", "algo.buffer_size=500",
-            "total_timesteps=80", "checkpoint_every=0", "torch_threads=1"])
+            "algo.learning_starts=30", "algo.batch_size=8", "algo.buffer_size=200",
+            "total_timesteps=50", "checkpoint_every=0", "torch_threads=1"])
     cfg = OmegaConf.to_container(cfg, resolve=True)
     kw = env_kwargs(cfg)
     assert kw["backend"] == "carla" and kw["carla"]["port"] == 2100
     assert "carla" not in (kw["sim"] or {})
-    server.crash_at_tick = 50
+    server.crash_at_tick = 35
     summary = train(cfg, tmp_path / "run")
-    assert summary["status"] == "finished" and summary["steps"] == 80
+    assert summary["status"] == "finished" and summary["steps"] == 50
     assert ("localhost", 2100) in server.connections
     assert [k for k, _ in server.loads] == ["generate", "generate"]  # again after the restart
     import csv
