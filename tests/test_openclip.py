@@ -269,3 +269,31 @@ def test_config_file_builds_the_papers_encoder_or_says_what_is_missing(tmp_path)
     assert (enc["model_name"], enc["pretrained"]) == (BIGG, BIGG_TAG)
     with pytest.raises(FileNotFoundError, match="open_clip_model.safetensors"):
         OpenClipEncoder.from_config(enc)
+
+
+def test_drivesac_with_openclip_encoder(tiny):
+    """vlm=openclip through DriveSAC: the buffer's embedding slot takes the encoder's width, stored
+    embeddings are the encoder's, and the reward's prompts go through the same model's text tower."""
+    import gymnasium as gym
+
+    import drivemind  # noqa: F401
+    from drivemind.agents import LABELLED, DriveSAC
+    from drivemind.rewards import make_reward
+
+    reward = make_reward("aicr_static")
+    env = gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu", max_episode_steps=40)
+    pk = dict(net_arch=[32], features_extractor_kwargs=dict(bev_dim=32, state_dim=8))
+    spec = {"kind": "openclip", "model_name": TINY, "pretrained": None, "weights_path": str(tiny["pt"]),
+            "bev": "cpu"}
+    m = DriveSAC(env=env, reward_fn=reward, encoder=spec, buffer_size=200, batch_size=8,
+                 learning_starts=20, seed=0, device="cpu", policy_kwargs=pk)
+    assert m.replay_buffer.embedding_dim == 32 == m.bev_clip().dim
+    assert reward.text_encoder is m.bev_clip()
+    m.learn(40)
+    buf = m.replay_buffer
+    s = int(buf.slots(LABELLED)[3])
+    want = m.bev_clip().embed(buf.observation(s, next=True)["bev"][None])[0]
+    assert np.allclose(buf.embeddings.reshape(-1, 32)[s].astype(np.float32), want, atol=3e-3)
+    with pytest.raises(ValueError, match="BEV-CLIP only"):
+        DriveSAC(env=env, reward_fn=reward, encoder=spec, reward_service=True, buffer_size=50,
+                 device="cpu", policy_kwargs=pk)

@@ -107,6 +107,7 @@ def needs_embedding(reward_fn) -> bool:
     return "embedding" in needs or "obs_embedding" in needs
 
 
+ENCODERS = ("bev_clip", "openclip")
 SERVICE_DEFAULTS = {"max_batch": 32, "max_wait_ms": 10.0, "max_pending": 256, "threads": 1,
                     "wait_s": 120.0}
 
@@ -137,8 +138,14 @@ class DriveSAC(SAC):
 
     def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
                  replay_buffer_kwargs: dict | None = None, reward_service: dict | bool | None = None,
-                 **kwargs):
+                 encoder: dict | None = None, **kwargs):
+        self.encoder = dict(encoder) if encoder else None  # None: BEV-CLIP; {"kind": "openclip", ...}
+        if self.encoder and self.encoder.get("kind", "bev_clip") not in ENCODERS:
+            raise ValueError(f"unknown encoder kind {self.encoder.get('kind')!r}; valid: {', '.join(ENCODERS)}")
         self.reward_service = _service_config(reward_service)
+        if self.reward_service and self.encoder and self.encoder.get("kind", "bev_clip") != "bev_clip":
+            raise ValueError("algo.reward_service embeds with BEV-CLIP only; with vlm=openclip set "
+                             "algo.reward_service.enabled=false (embeddings are computed inline)")
         self._service = None
         self._in_service: dict[int, int] = {}  # request id -> num_timesteps when submitted
         self._poll_timeout = 0.0
@@ -153,7 +160,11 @@ class DriveSAC(SAC):
             replay_buffer_kwargs = {"scale_images": True, **(replay_buffer_kwargs or {})}
         if needs_embedding(reward_fn) and issubclass(replay_buffer_class, RelabelReplayBuffer):
             from ..vlm.text import TEXT_DIM
-            replay_buffer_kwargs = {"embedding_dim": TEXT_DIM, **(replay_buffer_kwargs or {})}
+            dim = TEXT_DIM
+            if self.encoder and self.encoder.get("kind", "bev_clip") != "bev_clip":
+                self._bev_clip = self._build_encoder(None)
+                dim = self._bev_clip.dim
+            replay_buffer_kwargs = {"embedding_dim": dim, **(replay_buffer_kwargs or {})}
             if needs_obs_embedding(reward_fn):
                 replay_buffer_kwargs.setdefault("obs_embeddings", True)
         if getattr(reward_fn, "columns", None) and issubclass(replay_buffer_class, RelabelReplayBuffer):
@@ -305,14 +316,26 @@ class DriveSAC(SAC):
 
     # ------------------------------------------------------------------ image embeddings
     def bev_clip(self):
-        """The BEV-CLIP image tower (loaded on first use, for this env's BEV shape)."""
+        """The contrastive image encoder (loaded on first use): BEV-CLIP for this env's BEV shape
+        by default, or the configured one (``encoder``, e.g. OpenCLIP: ``vlm=openclip``), whose
+        text tower the reward then uses too."""
         if self._bev_clip is None:
-            from ..vlm.bev_clip import BevClip
             space = self.observation_space
             if "bev" not in getattr(space, "spaces", {}):
                 raise ValueError("semantic rewards embed the 'bev' observation, which this env lacks")
-            self._bev_clip = BevClip.load(bev_shape=space["bev"].shape)
+            self._bev_clip = self._build_encoder(space["bev"].shape)
         return self._bev_clip
+
+    def _build_encoder(self, bev_shape):
+        kind = (self.encoder or {}).get("kind", "bev_clip")
+        if kind == "bev_clip":
+            from ..vlm.bev_clip import BevClip
+            return BevClip.load(bev_shape=bev_shape)
+        from ..vlm.openclip import OpenClipEncoder
+        enc = OpenClipEncoder.from_config(self.encoder)
+        if self.reward_fn is not None and hasattr(self.reward_fn, "bind_encoder"):
+            self.reward_fn.bind_encoder(enc)  # prompts through the same model's text tower
+        return enc
 
     def embed_missing(self, slots: np.ndarray, batch_size: int = 256) -> int:
         """Embed the next-observation BEVs of ``slots`` that have no embedding yet (none when the
@@ -497,8 +520,12 @@ class DriveSAC(SAC):
         model.reward_terms = {}
         saved = model.reward_name
         model.reward_fn = reward_fn
+        model._bev_clip = None
         if reward_fn is not None:
             model.reward_name = getattr(reward_fn, "name", None)
+            if getattr(model, "encoder", None) and model.encoder.get("kind", "bev_clip") != "bev_clip" \
+                    and needs_embedding(reward_fn):
+                model.bev_clip()  # binds the encoder's text tower to the reward
             if saved is not None and saved != model.reward_name:
                 warnings.warn(f"the model was trained with reward {saved!r} and is now given "
                               f"{model.reward_name!r}", UserWarning, stacklevel=2)

@@ -65,6 +65,11 @@ class AICRStatic(Reward):
         self.text_encoder = text_encoder
         self._prompt_cache: tuple[tuple[str, str], np.ndarray, np.ndarray] | None = None
 
+    def bind_encoder(self, encoder) -> None:
+        """Embed the prompts with ``encoder``'s text tower (the image encoder's own space)."""
+        self.text_encoder = encoder
+        self._prompt_cache = None
+
     def set_prompts(self, present: str | None = None, ideal: str | None = None) -> None:
         if present is not None:
             self.present = present

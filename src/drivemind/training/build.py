@@ -128,7 +128,8 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
             from ..agents.sac import needs_embedding
             if not needs_embedding(reward_fn):
                 service = None  # nothing to embed: the service would idle
-            return DriveSAC(replay_buffer_kwargs=rb, reward_service=service, **common, **algo)
+            enc = (_sub(cfg, "vlm") or {}).get("encoder") if needs_embedding(reward_fn) else None
+            return DriveSAC(replay_buffer_kwargs=rb, reward_service=service, encoder=enc, **common, **algo)
         from ..agents.ppo import DrivePPO
         pk.setdefault("share_features_extractor", True)
         return DrivePPO("MultiInputPolicy", **common, **algo)
