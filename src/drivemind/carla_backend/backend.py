@@ -574,6 +574,11 @@ class CarlaBackend:
             except RuntimeError as exc:
                 log.warning("could not destroy %d actors on %s: %s", len(ids), self.carla.address, exc)
 
+    def front_rgb(self) -> np.ndarray | None:
+        """The forward camera's last frame (HxWx3 uint8), or None without a camera: what
+        DriveVLM-RL's dynamic pathway reads (``drivemind.vlm.detectors.dynamic_view``)."""
+        return self.camera_image
+
     def close(self):
         """Destroy our actors, give the server back asynchronous mode and the Traffic Manager
         back its asynchronous mode. Safe to call twice and when the server is gone."""
