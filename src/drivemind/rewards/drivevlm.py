@@ -18,9 +18,11 @@ backend has one; the reasoner gets the last K+1 = 4 frames of the episode) and s
 results as the columns ``dyn_gate`` / ``dyn_risk``; their descriptions are snapped to the
 vocabulary by the reasoner.
 
-**View.** The dynamic pathway reads a forward camera when the backend has one; the embedded
-simulator has none, so v_dyn = v (the BEV embedding): the paper's "w/o First-View" variant. This
-is warned once and logged (``drivevlm/first_view`` = 0).
+**View.** The paper's dynamic pathway reads a forward camera. The embedded simulator has none, and
+the replay buffer stores no camera frames yet (``CarlaBackend.front_rgb()`` exists for live use,
+``drivemind.vlm.detectors.dynamic_view``), so in training v_dyn = v (the BEV embedding) on either
+backend: the paper's "w/o First-View" variant. This is warned once and logged
+(``drivevlm/first_view`` = 0).
 
 **Window.** The paper's (-0.1, 0.2) belongs to its encoder; ours is set for the shipped BEV-CLIP
 by ``scripts/calibrate_reward.py reward=drivevlm_rl`` (the same quantiles as VLM-RL's).
@@ -89,8 +91,9 @@ class DriveVLMSynth(VLMRLSynth):
             g, risk = np.asarray(batch["critical_count"]) > 0, np.asarray(batch["risk_id"]).astype(np.int64)
         g = g & (risk >= 0) & (risk < len(self.vocabulary))
         if not self._warned_view:
-            warnings.warn("DriveVLM-RL's dynamic pathway reads the BEV embedding: this backend has no "
-                          "forward camera (the paper's 'w/o First-View' variant)", UserWarning, stacklevel=4)
+            warnings.warn("DriveVLM-RL's dynamic pathway reads the BEV embedding: the stored observations "
+                          "carry no forward camera (the paper's 'w/o First-View' variant)", UserWarning,
+                          stacklevel=4)
             self._warned_view = True
         rows = np.arange(len(c))
         dyn_neg = np.where(g, c[rows, 2 + np.clip(risk, 0, len(self.vocabulary) - 1)], 0.0)
