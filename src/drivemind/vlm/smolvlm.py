@@ -503,3 +503,62 @@ class SmolVLMGenerator:
         src = str(self.path) if self.path is not None else "random weights (untrained)"
         return (f"{type(self).__name__}(name={self.name!r}, weights={src}, steps={self.steps}, "
                 f"stand_in={self.stand_in})")
+
+
+# ----------------------------------------------------------------------------- timing
+def bench(size: str = "tiny", new_tokens: int = 16, steps: int = 3, seed: int = 0) -> dict:
+    """Wall-clock seconds of ``generate`` (``new_tokens`` forced: EOS ignored) and of one
+    ``learn`` step (the privileged teacher's JSON for a synthetic BEV) on a random model of
+    :func:`build_random_smolvlm`'s ``size``; medians over ``steps`` repeats after one warm-up.
+    ``python -m drivemind.vlm.smolvlm --size 256m`` prints it as one JSON line."""
+    import resource
+    import time
+
+    import torch
+
+    from ..envs import FACT_KEYS
+    from .prompts import PrivilegedTeacher
+
+    gen = SmolVLMGenerator.tiny(seed=seed, size=size, max_new_tokens=new_tokens)
+    facts = {k: 0.0 for k in FACT_KEYS}
+    facts.update(speed_kmh=30.0, lead_distance=8.0, lead_speed_kmh=10.0, light_state=2,
+                 light_distance=20.0)
+    rng = np.random.default_rng(seed)
+    req = PromptRequest(facts=facts, bev=((rng.random((15, 192, 192)) > 0.85) * 255).astype(np.uint8))
+    target = PrivilegedTeacher().generate(req)
+    ids, px, pmask = gen._inputs(req)
+
+    def _gen():
+        with torch.no_grad():
+            gen.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=px,
+                               pixel_attention_mask=pmask, max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, do_sample=False, pad_token_id=gen.pad_id)
+
+    def _med(fn):
+        fn()
+        ts = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts))
+
+    g = _med(_gen)
+    step = _med(lambda: gen.learn(req, target))
+    n_params = sum(p.numel() for p in gen.model.parameters())
+    return {"size": size, "params": n_params, "trainable": sum(p.numel() for p in gen.trainable_parameters().values()),
+            "prefix_tokens": int(ids.shape[1]), "answer_tokens": len(gen._answer(target)[0]),
+            "generate_s": round(g, 4), "new_tokens": new_tokens, "learn_step_s": round(step, 4),
+            "threads": torch.get_num_threads(),
+            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)}
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="time a random SmolVLM's generate and LoRA step")
+    ap.add_argument("--size", choices=SIZES, default="tiny")
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3)
+    a = ap.parse_args()
+    print(json.dumps(bench(a.size, a.new_tokens, a.steps)))
