@@ -3,9 +3,14 @@
 ``BevClip`` maps uint8 BEV masks (C x H x W, e.g. the 15 x 96 x 96 ``cpu`` preset) to 384-d
 unit vectors in all-MiniLM-L6-v2's sentence space, so any prompt embedded by
 :class:`~drivemind.vlm.text.MiniLMTextEncoder` can be scored against stored image embeddings by
-a dot product. ``train_bev_clip`` fits it with a symmetric InfoNCE loss against the frozen
-embeddings of ground-truth captions (:mod:`drivemind.vlm.captions`); identical captions in a
-batch are not treated as negatives (soft targets spread over all equal captions).
+a dot product. Each BEV shape has its own checkpoint (:func:`weights_name`:
+``bev_clip_cpu.pt``, ``bev_clip_roach.pt``, ``bev_clip_paper.pt``, else ``bev_clip_CxHxW.pt``);
+``BevClip.load(bev_shape=...)`` picks it. Towers for inputs above ~128 px use a stride-4 stem
+(:func:`default_stem_stride`), so they cost about what the 96 px one does.
+
+``train_bev_clip`` fits it with a symmetric InfoNCE loss against the frozen embeddings of
+ground-truth captions (:mod:`drivemind.vlm.captions`); identical captions in a batch are not
+treated as negatives (soft targets spread over all equal captions).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from .text import TEXT_DIM
 
 FORMAT = "drivemind.bev_clip"
 VERSION = 1
-DEFAULT_NAME = "bev_clip_cpu.pt"
+DEFAULT_NAME = "bev_clip_cpu.pt"  # the 15 x 96 x 96 ``cpu`` preset's checkpoint (shipped)
 TRAIN_CMD = "python scripts/train_bev_clip.py"
 
 
@@ -32,17 +37,82 @@ def cache_dir() -> Path:
     return Path(base) / "drivemind"
 
 
-def default_weights_path() -> Path:
-    return cache_dir() / DEFAULT_NAME
+def _norm_shape(bev_shape) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(s) for s in bev_shape)
+    except (TypeError, ValueError):
+        shape = ()
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"bev_shape must be (C, H, W) positive integers, got {bev_shape!r}")
+    return shape
 
 
-PACKAGE_WEIGHTS = Path(__file__).resolve().parent / "weights"  # the shipped checkpoint
+def _preset_for(shape: tuple[int, int, int]) -> str | None:
+    """The BEV preset (cpu / roach / paper) whose default observation has this shape, if any."""
+    from ..bev.config import BEV_PRESETS
+
+    for name, cfg in BEV_PRESETS.items():
+        if cfg.shape == shape:
+            return name
+    return None
+
+
+def weights_name(bev_shape=None) -> str:
+    """Checkpoint file name for a BEV shape (C, H, W): ``bev_clip_<preset>.pt`` when the shape is a
+    preset's (``cpu`` 15x96x96, ``roach`` 15x192x192, ``paper`` 15x224x224), else
+    ``bev_clip_<C>x<H>x<W>.pt``. ``None``: the default ``bev_clip_cpu.pt``."""
+    if bev_shape is None:
+        return DEFAULT_NAME
+    shape = _norm_shape(bev_shape)
+    preset = _preset_for(shape)
+    return f"bev_clip_{preset}.pt" if preset else "bev_clip_{}x{}x{}.pt".format(*shape)
+
+
+def train_command(bev_shape=None) -> str:
+    """The training command that writes the checkpoint ``weights_name(bev_shape)`` looks for."""
+    if bev_shape is None:
+        return f"{TRAIN_CMD} --bev cpu --threads 1"
+    shape = _norm_shape(bev_shape)
+    preset = _preset_for(shape)
+    if preset:
+        return f"{TRAIN_CMD} --bev {preset} --threads 1"
+    c, h, w = shape
+    from ..bev.config import BEV_PRESETS
+
+    cmd = f"{TRAIN_CMD} --bev {h} --threads 1"
+    if c != BEV_PRESETS["roach"].n_channels:
+        cmd += " --channels ... --history ..."
+    return cmd
+
+
+def _train_note(bev_shape) -> str:
+    """What the command of a shape that is no preset's leaves to the user."""
+    if bev_shape is None:
+        return ""
+    c, h, w = _norm_shape(bev_shape)
+    if _preset_for((c, h, w)):
+        return ""
+    if h != w:
+        return f" (BEV-CLIP needs square BEVs; {h}x{w} is not)"
+    from ..bev.config import BEV_PRESETS
+
+    planes = (f"; choose --channels / --history so it has {c} planes"
+              if c != BEV_PRESETS["roach"].n_channels else "")
+    return f" (--bev {h} is Roach's 38.4 m view at {h} px{planes}; it must match your env's BEV)"
+
+
+def default_weights_path(bev_shape=None) -> Path:
+    """Where the training script writes the checkpoint for ``bev_shape`` by default."""
+    return cache_dir() / weights_name(bev_shape)
+
+
+PACKAGE_WEIGHTS = Path(__file__).resolve().parent / "weights"  # the shipped checkpoints
 
 
 def search_dirs() -> list[Path]:
     """Folders searched for a weights file given by name: $DRIVEMIND_VLM_WEIGHTS' folder,
     ``~/.cache/drivemind`` (where the training script writes), then the package's ``weights/``
-    folder (the shipped checkpoint)."""
+    folder (the shipped checkpoints)."""
     dirs = []
     env = os.environ.get("DRIVEMIND_VLM_WEIGHTS")
     if env:
@@ -51,10 +121,11 @@ def search_dirs() -> list[Path]:
     return dirs
 
 
-def find_weights(path: str | os.PathLike | None = None) -> Path:
-    """Resolve a weights file: an existing path as given, else its file name in ``search_dirs()``.
-    Raises one FileNotFoundError naming the file, the folders searched and how to make it."""
-    name = DEFAULT_NAME if path is None else str(path)
+def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
+    """Resolve a weights file: an existing path as given, else its file name in ``search_dirs()``;
+    with no path, the checkpoint named for ``bev_shape`` (:func:`weights_name`). Raises one
+    FileNotFoundError naming the file, the folders searched and the command that trains it."""
+    name = weights_name(bev_shape) if path is None else str(path)
     p = Path(name).expanduser()
     if path is not None and p.is_file():
         return p
@@ -64,24 +135,42 @@ def find_weights(path: str | os.PathLike | None = None) -> Path:
         if cand.is_file():
             return cand
         tried.append(d)
+    what = "" if bev_shape is None else " for BEV shape {}x{}x{}".format(*_norm_shape(bev_shape))
+    have = sorted({f.name for d in search_dirs() if d.is_dir() for f in d.glob("bev_clip_*.pt")})
+    out = cache_dir() / p.name
     raise FileNotFoundError(
-        f"BEV-CLIP weights {p.name!r} not found; looked at: {', '.join(str(t) for t in tried)}. "
-        f"Train them once with `{TRAIN_CMD} --out {default_weights_path()}` (a few CPU minutes), "
+        f"BEV-CLIP weights {p.name!r}{what} not found; looked at: "
+        f"{', '.join(str(t) for t in tried)} (checkpoints there: {', '.join(have) or 'none'}). "
+        f"Train them once with `{train_command(bev_shape)}`{_train_note(bev_shape)} (writes "
+        f"{out}; CPU minutes), "
         f"or pass the path of an existing checkpoint.")
+
+
+def default_stem_stride(size: int) -> int:
+    """Stride of the first convolution: 2 up to ~128 px, then 2 x round(size / 96) (4 for the
+    192 and 224 px presets), so every tower sees a ~48-56 px map after its stem and costs about
+    what the 96 px one does."""
+    return 2 * max(1, round(int(size) / 96))
 
 
 class BevClip(nn.Module):
     """Small CNN on uint8 BEV masks -> 384-d unit embedding; learnable CLIP temperature."""
 
     def __init__(self, in_channels: int = 15, size: int = 96, dim: int = TEXT_DIM,
-                 width: int = 32, hidden: int = 256, channel_names=None):
+                 width: int = 32, hidden: int = 256, channel_names=None,
+                 stem_stride: int | None = None):
         super().__init__()
+        stride = default_stem_stride(size) if stem_stride is None else int(stem_stride)
+        if stride < 1:
+            raise ValueError(f"stem_stride must be >= 1, got {stem_stride}")
         self.config = dict(in_channels=int(in_channels), size=int(size), dim=int(dim),
                            width=int(width), hidden=int(hidden),
-                           channel_names=list(channel_names) if channel_names else None)
+                           channel_names=list(channel_names) if channel_names else None,
+                           stem_stride=stride)
         w = int(width)
+        k = max(5, stride + 1)  # the stem kernel always overlaps its neighbours (5x5 at stride 2, 4)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, w, 5, stride=2, padding=2), nn.ReLU(inplace=True),
+            nn.Conv2d(in_channels, w, k, stride=stride, padding=k // 2), nn.ReLU(inplace=True),
             nn.Conv2d(w, 2 * w, 3, stride=2, padding=1), nn.ReLU(inplace=True),
             nn.Conv2d(2 * w, 4 * w, 3, stride=2, padding=1), nn.ReLU(inplace=True),
             nn.Conv2d(4 * w, 4 * w, 3, stride=2, padding=1), nn.ReLU(inplace=True),
@@ -109,7 +198,7 @@ class BevClip(nn.Module):
         if tuple(shape) != self.bev_shape:
             raise ValueError(f"BEV shape {tuple(shape)} does not match this BEV-CLIP model's "
                              f"{self.bev_shape} (C, H, W); use the BEV preset it was trained on "
-                             f"or retrain with `{TRAIN_CMD}`")
+                             f"or train one for it with `{train_command(shape)}`")
 
     def embed(self, bev, batch_size: int = 256) -> np.ndarray:
         """uint8 BEV masks (N, C, H, W) or (C, H, W) -> (N, dim) float32 unit rows."""
@@ -144,20 +233,24 @@ class BevClip(nn.Module):
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, *, bev_shape=None,
              map_location: str = "cpu") -> "BevClip":
-        """Load a checkpoint (``None``: ``bev_clip_cpu.pt`` from ``search_dirs()``). With
+        """Load a checkpoint. ``path=None`` picks the checkpoint for ``bev_shape``
+        (:func:`weights_name`: ``bev_clip_cpu.pt`` / ``bev_clip_roach.pt`` / ``bev_clip_paper.pt``
+        or ``bev_clip_CxHxW.pt``; no shape: ``bev_clip_cpu.pt``) from ``search_dirs()``. With
         ``bev_shape`` (C, H, W), a model trained for another shape is refused."""
-        p = find_weights(path)
+        p = find_weights(path, bev_shape=bev_shape)
         try:
             ck = torch.load(p, map_location=map_location, weights_only=True)
         except Exception as e:  # corrupt / not a torch file
             raise ValueError(f"{p} is not a readable BEV-CLIP checkpoint ({e}); retrain with "
-                             f"`{TRAIN_CMD} --out {p}`") from e
+                             f"`{train_command(bev_shape)} --out {p}`") from e
         if not isinstance(ck, dict) or ck.get("format") != FORMAT:
             raise ValueError(f"{p} is not a BEV-CLIP checkpoint (format {FORMAT!r} missing)")
         if ck.get("version") != VERSION:
             raise ValueError(f"{p} has BEV-CLIP checkpoint version {ck.get('version')}, this code "
-                             f"reads version {VERSION}; retrain with `{TRAIN_CMD}`")
-        model = cls(**ck["config"])
+                             f"reads version {VERSION}; retrain with `{train_command(bev_shape)}`")
+        cfg = dict(ck["config"])
+        cfg.setdefault("stem_stride", 2)  # checkpoints written before the option had a stride-2 stem
+        model = cls(**cfg)
         model.load_state_dict(ck["state_dict"])
         model.meta = ck.get("meta", {})
         model.path = p
