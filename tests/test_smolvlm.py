@@ -310,3 +310,19 @@ def test_distilled_generator_saves_adapters(req, target, tmp_path):
                          save_every=1)
     gen.generate(req)
     assert (Path(tmp_path) / "a" / "adapter_model.safetensors").is_file()
+
+
+def test_to_rgb_colours_masks_and_passes_frames():
+    from drivemind.bev.config import BevConfig
+    from drivemind.bev.renderer import masks_to_rgb
+    from drivemind.vlm.smolvlm import to_rgb
+
+    bev = _request().bev
+    np.testing.assert_array_equal(to_rgb(bev), masks_to_rgb(bev))
+    cfg = {"size": 64, "history": [-6, -1]}  # a config-file dict is turned into a BevConfig
+    small = bev[:BevConfig(size=64, history=(-6, -1)).n_channels]
+    np.testing.assert_array_equal(to_rgb(small, cfg), masks_to_rgb(small, BevConfig(**cfg)))
+    frame = np.zeros((20, 30, 3), np.uint8)
+    assert to_rgb(frame) is frame
+    with pytest.raises(ValueError, match="uint8"):
+        to_rgb(np.zeros((20, 30, 3), np.float32))

@@ -90,6 +90,7 @@ def resolve_model_folder(path, *, default_id: str, env_var: str, what: str,
         s = str(path)
         if _is_repo_id(s):
             repo_id = s
+            looked.append(f"{s} (not a folder here; read as a hub id)")
         else:
             p = Path(s).expanduser()
             if p.is_dir():
@@ -153,8 +154,11 @@ def to_rgb(image, bev_config=None) -> np.ndarray:
     if arr.ndim == 3 and arr.shape[-1] == 3 and arr.dtype == np.uint8:
         return arr
     if arr.ndim == 3 and arr.dtype == np.uint8:
+        from ..bev.config import BevConfig
         from ..bev.renderer import masks_to_rgb
 
+        if isinstance(bev_config, dict) or hasattr(bev_config, "keys"):  # from a config file
+            bev_config = BevConfig(**dict(bev_config))
         return masks_to_rgb(arr, bev_config)
     raise ValueError(f"expected uint8 BEV masks (C, H, W) or an RGB frame (H, W, 3), got "
                      f"{arr.dtype} {arr.shape}")
