@@ -33,7 +33,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-CALIBRATABLE = ("vlm_rl",)  # rewards with a part that has calibration_values / calibrate
+CALIBRATABLE = ("vlm_rl", "drivevlm_rl")  # rewards with a part that has calibration_values / calibrate
 MIX = (("expert", 0.45), ("drift", 0.25), ("rush", 0.20), ("brake", 0.10))
 
 

