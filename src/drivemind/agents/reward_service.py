@@ -525,6 +525,7 @@ class RewardService:
         if len(ids) > 1 and len(np.unique(ids)) != len(ids):
             u, c = np.unique(ids, return_counts=True)
             raise ValueError(f"duplicate ids in one submit: {_ids_text(u[c > 1])}")
+        self._pump(0.0)  # results already sent count as back, not in flight
         busy = [i for i in ids.tolist() if i in self._in_flight]
         if busy:
             raise ValueError(f"ids already in flight (results are keyed by id): {_ids_text(busy)}; "
