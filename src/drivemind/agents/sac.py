@@ -149,6 +149,7 @@ class DriveSAC(SAC):
         self._service = None
         self._in_service: dict[int, int] = {}  # request id -> num_timesteps when submitted
         self._poll_timeout = 0.0
+        self.service_errors = 0
         self.reward_fn = reward_fn
         self.reward_name = getattr(reward_fn, "name", None)
         self.reward_terms: dict[str, float] = {}
@@ -234,7 +235,23 @@ class DriveSAC(SAC):
         flat = buf.embeddings.reshape(-1, d)
         oflat = buf.obs_embeddings.reshape(-1, d) if buf.obs_embeddings is not None else None
         horizon = buf.buffer_size * buf.n_envs  # a result older than this belongs to an overwritten slot
-        ids, emb = svc.poll(self._poll_timeout)
+        from .reward_service import RewardServiceDead, RewardWorkerError
+        try:
+            ids, emb = svc.poll(self._poll_timeout)
+        except RewardWorkerError as err:  # that batch only: resubmit its frames next round
+            for i in np.asarray(err.ids).tolist():
+                self._in_service.pop(int(i), None)
+            self.service_errors += 1
+            if self.service_errors == 1:
+                warnings.warn(f"the reward service failed a batch ({err}); its frames are sent again "
+                              f"(counted in service_errors)", UserWarning, stacklevel=2)
+            ids, emb = np.zeros(0, np.int64), []
+        except RewardServiceDead as err:  # no worker: embed inline from now on
+            warnings.warn(f"the reward service's worker died ({err}); embedding inline from now on",
+                          UserWarning, stacklevel=2)
+            self.close_service()
+            self.reward_service = None
+            return pending
         for i, e in zip(ids.tolist(), emb):
             stamp = self._in_service.pop(i, None)
             if stamp is None or self.num_timesteps - stamp >= horizon:
