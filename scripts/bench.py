@@ -44,6 +44,14 @@ reward: reward=drivemind against reward=chen, both DriveSAC with one gradient st
      batch), the generator when triggered, and the amortised per-step total at the run's trigger
      rate. ``--generator`` picks the generator slot timed (default: the privileged teacher).
 
+    python scripts/bench.py reward-dist [--towns Town01,Town02 ...]
+    python scripts/bench.py reward-service [--frames 512 --threads 1]
+
+reward-dist: the reward-distribution comparison (DriveMind's Table 3 check) between two towns:
+     Wasserstein-1, KS and means of aicr_static over autopilot frames (scripts/reward_distribution.py,
+     whose options it passes on). reward-service: BEV-CLIP embedding throughput and latency in
+     process vs through the reward service (scripts/bench_reward_service.py, options passed on).
+
     python scripts/bench.py learn [--run-dir <a finished experiment=learning_check run>]
 
 learn: SAC with the kinematic reward on the built-in grid town without traffic
@@ -470,7 +478,20 @@ def bench_learn(args) -> dict:
     }
 
 
+def _script_main(name: str, argv: list[str]) -> dict:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main(argv)
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough = {"reward-dist": "reward_distribution", "reward-service": "bench_reward_service"}
+    if argv and argv[0] in passthrough:  # their own scripts print the JSON line
+        return _script_main(passthrough[argv[0]], argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="what", required=True)
 
@@ -529,6 +550,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=6000, help="step limit per evaluation route")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. total_timesteps=50000")
+    sub.add_parser("reward-dist", help="reward distribution W1/KS between two towns "
+                                       "(scripts/reward_distribution.py; its options follow)")
+    sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "
+                                          "(scripts/bench_reward_service.py; its options follow)")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
               "train": bench_train, "reward": bench_reward, "learn": bench_learn}[args.what](args)
