@@ -32,10 +32,48 @@ Save and load: the reward function is not pickled into the zip (semantic rewards
 encoders). Its name is saved as ``reward_name``; pass the reward again to ``DrivePPO.load``
 (a ``Reward`` or a name for :func:`drivemind.rewards.make_reward`). A model loaded without one
 can predict but refuses to learn until :meth:`DrivePPO.set_reward` is called.
+
+Semantic rewards (``aicr_static``, ``drivemind``, ``vlm_rl``, ...). ``reward_fn.needs`` is split
+(:func:`drivemind.agents.embedding.split_needs`) into facts, read from ``info``, and the batch keys
+the agent provides: ``action`` (the action the env received), ``done``, ``env``, ``slot`` (the
+rollout row ``t * n_envs + i``), ``embedding``, ``obs_embedding`` and the reward's ``columns``.
+
+- **Embeddings.** When the reward reads embeddings, every step's next-observation BEVs of all envs
+  (the terminal observation for an env whose episode ended there) go through the image tower in
+  one call: BEV-CLIP for the env's BEV shape (``BevClip.load(bev_shape=...)``, loaded once when
+  the reward is set; a shape without a checkpoint fails then with BevClip's error), or the
+  configured ``encoder`` (``{"kind": "openclip", ...}``). They are stored per step in
+  ``rollout_embeddings`` (``(n_steps, n_envs, D)`` float32). ``obs_embedding``
+  (``rollout_obs_embeddings``, only when the reward needs it: DriveMind's PCFM) is the previous
+  step's next embedding inside an episode; only the first observation the agent ever acts from
+  (or after an env reset by ``learn``) and each episode's first observation (the reset
+  observation, embedded in the same call as the step that ended the previous episode) are
+  embedded for it. ``embedded_frames`` counts the frames embedded.
+- **Online ``prepare``.** After each env step, the ``n_envs`` new transitions go to
+  ``reward_fn.prepare`` (``LabelContext``: the step's batch, ``frame(i)`` = env ``i``'s next
+  observation dict, ``step`` = ``num_timesteps``), so DriveMind's novelty detector and prompt
+  generator see the frames in time order and prompts change inside a rollout. The columns it
+  returns (``prompt_id``) are stored per step (``rollout_columns``); the one batch reward call at
+  the end of the rollout reads them, so each step is scored under the prompts current when it
+  was taken. ``relabel_rollout`` with another reward works from the stored keys; a reward that
+  needs a key that was not stored (a column only another reward fills, embeddings the model's
+  reward did not need) fails with a message naming it.
+- **``learn``.** After each PPO update (``train``), ``reward_fn.learn(sampler)`` is called
+  ``reward_learn_calls`` times (default: once per PPO minibatch of the update, ``n_epochs x
+  ceil(n_steps * n_envs / batch_size)``; with DriveMind's ``wm_updates=1`` one world-model step
+  of ``wm_batch`` rows per PPO gradient step, as the paper does per SAC batch). ``sampler(k)``
+  draws ``k`` rows of the rollout just trained on, with replacement: ``{"obs_embedding",
+  "action", "embedding"}`` float32 (None when the rollout has no obs embeddings). The rollout's
+  rewards were computed before, with the world model as it was when the rollout ended.
+- **Logs and state.** ``reward_fn.stats()`` is logged with the reward logs and ``learn``'s
+  outputs (means over the calls) after the update; ``reward_fn.state_dict()`` is saved with the
+  model (``reward_state``) and restored by ``load`` when it is given a reward of the same name.
+  Neither the reward nor the image tower is pickled.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -45,10 +83,13 @@ from gymnasium import spaces
 from stable_baselines3 import PPO
 from stable_baselines3.common.buffers import RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from ..rewards import Reward, make_reward
+from .embedding import (BATCH_KEYS, bev_shape, build_image_encoder, check_encoder, needs_embedding,
+                        needs_obs_embedding, run_prepare, sample_triples, split_needs)
 
 
 def as_reward(reward_fn) -> Reward:
@@ -62,7 +103,8 @@ def as_reward(reward_fn) -> Reward:
 
 
 class DrivePPO(PPO):
-    """SB3 PPO whose rewards come from ``reward_fn`` over the facts in the env's ``info``.
+    """SB3 PPO whose rewards come from ``reward_fn`` over the facts in the env's ``info`` (and, for
+    semantic rewards, image embeddings and reward columns computed while acting).
 
     :param policy: as PPO's; ``"MultiInputPolicy"`` by default (DriveEnv's observation is a Dict).
     :param env: as PPO's; every env must report the facts ``reward_fn.needs`` in its ``info``.
@@ -72,11 +114,16 @@ class DrivePPO(PPO):
     :param store_facts: facts stored per step besides the ones ``reward_fn`` needs, e.g.
         ``drivemind.envs.FACT_KEYS`` to relabel a rollout with any other reward.
     :param log_reward_terms: log ``reward_terms/<term>`` means (one ``explain`` call per rollout).
+    :param encoder: the image tower for semantic rewards: None (BEV-CLIP for the env's BEV shape)
+        or ``{"kind": "openclip", ...}`` (``vlm=openclip``'s ``encoder`` section).
+    :param reward_learn_calls: ``reward_fn.learn(sampler)`` calls after each PPO update; None: one
+        per PPO minibatch (``n_epochs x ceil(n_steps * n_envs / batch_size)``).
     :param kwargs: PPO's keyword arguments, unchanged.
     """
 
     def __init__(self, policy="MultiInputPolicy", env=None, *args, reward_fn=None,
-                 store_facts: Sequence[str] = (), log_reward_terms: bool = True, **kwargs):
+                 store_facts: Sequence[str] = (), log_reward_terms: bool = True,
+                 encoder: dict | None = None, reward_learn_calls: int | None = None, **kwargs):
         if env is None and kwargs.get("_init_setup_model", True):
             raise TypeError("DrivePPO needs an env (a VecEnv, a gymnasium env or an env id)")
         if reward_fn is None and kwargs.get("_init_setup_model", True):
@@ -85,16 +132,30 @@ class DrivePPO(PPO):
         if isinstance(store_facts, str):
             raise TypeError(f"store_facts must be a list of fact names, got the string "
                             f"{store_facts!r}")
+        if reward_learn_calls is not None and int(reward_learn_calls) < 0:
+            raise ValueError(f"reward_learn_calls must be >= 0 or None (one per PPO minibatch), "
+                             f"got {reward_learn_calls}")
         # set before PPO's constructor, which may already build the model
         self.reward_fn: Reward | None = None
         self.reward_name: str | None = None
+        self.reward_state: dict | None = None  # reward_fn.state_dict() as of the last save
+        self.encoder = check_encoder(encoder)
+        self.reward_learn_calls = None if reward_learn_calls is None else int(reward_learn_calls)
         self.store_facts = tuple(store_facts)
         self.fact_keys: tuple[str, ...] = ()
         self.log_reward_terms = bool(log_reward_terms)
         self.nonfinite_rewards = 0  # non-finite rewards replaced by 0, over all rollouts
+        self.embedded_frames = 0  # frames through the image tower, over all rollouts
         self._nonfinite_warned = False
+        self._image_encoder = None
+        self._obs_emb = None  # (the observation object, its (n_envs, D) embedding) carried over
         self.rollout_facts: np.ndarray | None = None  # (n_steps, n_envs, len(fact_keys)) float32
         self.rollout_bootstrap: np.ndarray | None = None  # (n_steps, n_envs) float32
+        self.rollout_actions: np.ndarray | None = None  # (n_steps, n_envs, action_dim) float32
+        self.rollout_dones: np.ndarray | None = None  # (n_steps, n_envs) float32
+        self.rollout_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
+        self.rollout_obs_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
+        self.rollout_columns: dict[str, np.ndarray] = {}  # column -> (n_steps, n_envs)
         self._rollout_tail = None  # (buffer, last values, last dones) of the last full rollout
         super().__init__(policy, env, *args, **kwargs)
         if reward_fn is not None:
@@ -102,24 +163,83 @@ class DrivePPO(PPO):
 
     # ------------------------------------------------------------------ reward
     def set_reward(self, reward_fn) -> None:
-        """Learn from ``reward_fn`` from the next rollout on (also used after ``load``)."""
+        """Learn from ``reward_fn`` from the next rollout on (also used after ``load``). A reward
+        that reads embeddings loads the image tower here (once per model)."""
         reward_fn = as_reward(reward_fn)
         self.reward_fn = reward_fn
         self.reward_name = reward_fn.name
-        self.fact_keys = tuple(dict.fromkeys([*reward_fn.needs, *self.store_facts]))
+        facts, _ = split_needs(reward_fn)
+        self.fact_keys = tuple(dict.fromkeys([*facts, *self.store_facts]))
+        if needs_embedding(reward_fn) and self.observation_space is not None:
+            if self._image_encoder is None:
+                self.image_encoder()  # a BEV shape without a checkpoint fails here
+            elif (self.encoder or {}).get("kind", "bev_clip") != "bev_clip":
+                reward_fn.bind_encoder(self._image_encoder)  # prompts through its text tower
+
+    def image_encoder(self):
+        """The image tower (loaded on first use): BEV-CLIP for this env's BEV shape, or the
+        configured ``encoder``."""
+        if self._image_encoder is None:
+            self._image_encoder = build_image_encoder(self.encoder, bev_shape(self.observation_space),
+                                                      self.reward_fn)
+        return self._image_encoder
+
+    def _embed(self, frames: np.ndarray) -> np.ndarray:
+        out = np.asarray(self.image_encoder().embed(frames, batch_size=256), np.float32)
+        self.embedded_frames += len(frames)
+        return out
 
     def rollout_batch(self) -> dict[str, np.ndarray]:
-        """The last rollout's facts as a reward batch: ``{fact: (n_steps * n_envs,) array}``,
-        row ``t * n_envs + i`` = step ``t`` of env ``i``."""
+        """The last rollout as a reward batch, row ``t * n_envs + i`` = step ``t`` of env ``i``:
+        the stored facts (``(N,)``), ``action`` (``(N, action_dim)``), ``done``, ``env``,
+        ``slot`` (the row), and where stored ``embedding`` / ``obs_embedding`` (``(N, D)``) and the
+        reward columns."""
         if self.rollout_facts is None:
             raise RuntimeError("no rollout collected yet")
         facts = self.rollout_facts
-        return {k: facts[:, :, j].reshape(-1) for j, k in enumerate(self.fact_keys)}
+        n_steps, n_envs, _ = facts.shape
+        n = n_steps * n_envs
+        batch = {k: facts[:, :, j].reshape(-1) for j, k in enumerate(self.fact_keys)}
+        if self.rollout_actions is not None:
+            batch["action"] = self.rollout_actions.reshape(n, -1)
+        if self.rollout_dones is not None:
+            batch["done"] = self.rollout_dones.reshape(-1)
+        batch["env"] = np.tile(np.arange(n_envs), n_steps)
+        batch["slot"] = np.arange(n)
+        for key, arr in (("embedding", self.rollout_embeddings),
+                         ("obs_embedding", self.rollout_obs_embeddings)):
+            if arr is not None:
+                batch[key] = arr.reshape(n, arr.shape[-1])
+        for k, v in self.rollout_columns.items():
+            batch[k] = v.reshape(-1)
+        return batch
+
+    def _check_batch(self, reward_fn: Reward, batch: dict) -> None:
+        """One clear error for whatever ``reward_fn`` needs that the rollout did not store."""
+        missing = [k for k in reward_fn.needs if k not in batch]
+        if not missing:
+            return
+        facts, keys = split_needs(reward_fn)
+        lost_facts = [k for k in missing if k in facts]
+        if lost_facts:
+            raise KeyError(f"reward {reward_fn.name!r} needs fact(s) {lost_facts} that were not "
+                           f"stored; stored: {list(self.fact_keys)} (construct DrivePPO with "
+                           f"store_facts=drivemind.envs.FACT_KEYS to keep them all)")
+        emb = [k for k in missing if k in ("embedding", "obs_embedding")]
+        if emb:
+            raise KeyError(f"reward {reward_fn.name!r} needs {emb}, which this rollout did not "
+                           f"store: DrivePPO embeds frames only for what its own reward "
+                           f"({self.reward_name!r}) reads; train with a reward that needs them")
+        raise KeyError(f"reward {reward_fn.name!r} needs column(s) {missing}, which this rollout "
+                       f"did not store (stored columns: {sorted(self.rollout_columns)}): they are "
+                       f"filled by the prepare() of the reward that declares them while acting; "
+                       f"train with that reward")
 
     def relabel_rollout(self, reward_fn=None) -> np.ndarray:
-        """Score the last complete rollout's facts with ``reward_fn`` (default: the model's) in one
-        batch call, write ``reward + timeout bootstrap`` into the rollout buffer and recompute
-        returns and advantages. Returns the rewards, ``(n_steps, n_envs)``, without bootstrap.
+        """Score the last complete rollout's stored batch (facts, embeddings, reward columns) with
+        ``reward_fn`` (default: the model's) in one batch call, write ``reward + timeout
+        bootstrap`` into the rollout buffer and recompute returns and advantages. Returns the
+        rewards, ``(n_steps, n_envs)``, without bootstrap.
 
         ``collect_rollouts`` calls it at the end of every rollout; a callback may call it again in
         ``on_rollout_end`` with another reward. After ``train()`` has consumed the buffer it
@@ -134,13 +254,9 @@ class DrivePPO(PPO):
         reward_fn = self.reward_fn if reward_fn is None else as_reward(reward_fn)
         if reward_fn is None:
             raise RuntimeError("no reward function: pass reward_fn or call set_reward() first")
-        missing = [k for k in reward_fn.needs if k not in self.fact_keys]
-        if missing:
-            raise KeyError(f"reward {reward_fn.name!r} needs fact(s) {missing} that were not "
-                           f"stored; stored: {list(self.fact_keys)} (construct DrivePPO with "
-                           f"store_facts=drivemind.envs.FACT_KEYS to keep them all)")
         n_steps, n_envs, _ = self.rollout_facts.shape
         batch = self.rollout_batch()
+        self._check_batch(reward_fn, batch)
 
         # the one batch call of the reward function for the whole rollout
         values = np.asarray(reward_fn(batch), np.float64)
@@ -161,11 +277,15 @@ class DrivePPO(PPO):
         self.logger.record("reward/mean", float(values.mean()))
         self.logger.record("reward/nonfinite", n_bad)
         self.logger.record("reward/nonfinite_total", self.nonfinite_rewards)
+        if self.rollout_embeddings is not None:
+            self.logger.record("reward/embedded_frames", self.embedded_frames)
         if self.log_reward_terms:
             for term, v in reward_fn.explain(batch).items():
                 finite = v[np.isfinite(v)]
                 self.logger.record(f"reward_terms/{term}",
                                    float(finite.mean()) if finite.size else float("nan"))
+        for k, v in reward_fn.stats().items():  # prompts/..., novelty/..., world_model/updates
+            self.logger.record(k, v)
 
         rewards = values.reshape(n_steps, n_envs).astype(np.float32)
         buffer.rewards[:] = rewards + self.rollout_bootstrap
@@ -182,7 +302,7 @@ class DrivePPO(PPO):
         terms = [t for t, v in reward_fn.explain(rows).items() if not np.all(np.isfinite(v))]
         where = (f"term(s) {terms}" if terms else
                  "no single term (all are finite: overflow in their sum, or a custom __call__)")
-        first = {k: float(v[0]) for k, v in rows.items()}
+        first = {k: float(v[0]) for k, v in rows.items() if np.ndim(v) == 1 and k not in BATCH_KEYS}
         warnings.warn(f"reward {reward_fn.name!r} gave {int(bad.sum())} non-finite value(s) in a "
                       f"rollout of {bad.size} steps, from {where}; they are replaced by 0 and "
                       f"counted in nonfinite_rewards / logged as reward/nonfinite (warned once). "
@@ -206,6 +326,41 @@ class DrivePPO(PPO):
                                f"or call set_reward() before learn()")
         return super()._setup_learn(*args, **kwargs)
 
+    @staticmethod
+    def _next_frame(new_obs, infos: list[dict], dones, i: int) -> dict:
+        """Env ``i``'s next observation as a dict of arrays: the terminal observation when its
+        episode ended at this step (the VecEnv has already reset it)."""
+        if dones[i]:
+            term = infos[i].get("terminal_observation")
+            if term is None:
+                raise KeyError(f"env {i} ended an episode without 'terminal_observation' in its "
+                               f"info; step DrivePPO with an SB3 VecEnv (DummyVecEnv, "
+                               f"SubprocVecEnv), which records it")
+            return dict(term) if isinstance(term, dict) else {"obs": np.asarray(term)}
+        if isinstance(new_obs, dict):
+            return {k: np.asarray(v[i]) for k, v in new_obs.items()}
+        return {"obs": np.asarray(new_obs[i])}
+
+    def _embed_step(self, t: int, new_obs, infos: list[dict], dones, current: np.ndarray | None
+                    ) -> np.ndarray | None:
+        """Embed step ``t``'s next observations (terminal ones at episode ends) into
+        ``rollout_embeddings[t]`` in one call, together with the reset observations of the envs
+        that ended an episode when obs embeddings are needed; ``current`` is the embedding of
+        the observations the step's actions were taken in (stored as ``rollout_obs_embeddings[t]``).
+        Returns the embedding of the observations the next step acts from."""
+        n_envs = len(dones)
+        frames = [self._next_frame(new_obs, infos, dones, i)["bev"] for i in range(n_envs)]
+        starts = np.flatnonzero(dones) if current is not None else np.zeros(0, np.int64)
+        frames += [new_obs["bev"][i] for i in starts]
+        e = self._embed(np.stack(frames))
+        self.rollout_embeddings[t] = e[:n_envs]
+        if current is None:
+            return None
+        self.rollout_obs_embeddings[t] = current
+        nxt = e[:n_envs].copy()
+        nxt[starts] = e[n_envs:]
+        return nxt
+
     def collect_rollouts(self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer,
                          n_rollout_steps: int) -> bool:
         """Fill ``rollout_buffer`` with ``n_rollout_steps`` steps per env: SB3's loop, but for
@@ -213,7 +368,9 @@ class DrivePPO(PPO):
 
         Per step: act with the current policy, step the envs, count timesteps, run the step
         callback (which may stop the rollout: then False, as in SB3), update the episode info
-        buffer, store the step's facts and any timeout bootstrap, and add the transition with a
+        buffer, store the step's facts, action, dones, any timeout bootstrap and (semantic
+        rewards) the next observations' embeddings, pass the new transitions to
+        ``reward_fn.prepare`` and store the columns it returns, and add the transition with a
         placeholder reward. At the end: the value of the last observation, then
         ``relabel_rollout`` (one reward call, bootstrap added, returns and advantages), then the
         callback's ``update_locals`` and ``on_rollout_end``.
@@ -224,9 +381,28 @@ class DrivePPO(PPO):
         self.policy.set_training_mode(False)  # eval mode for batch norm / dropout while acting
 
         n_envs = env.num_envs
+        reward_fn = self.reward_fn
         facts = np.zeros((n_rollout_steps, n_envs, len(self.fact_keys)), np.float32)
         bootstrap = np.zeros((n_rollout_steps, n_envs), np.float32)
+        taken = np.zeros((n_rollout_steps, n_envs, get_action_dim(self.action_space)), np.float32)
+        ended = np.zeros((n_rollout_steps, n_envs), np.float32)
         self.rollout_facts, self.rollout_bootstrap, self._rollout_tail = facts, bootstrap, None
+        self.rollout_actions, self.rollout_dones = taken, ended
+        self.rollout_columns = {k: np.zeros((n_rollout_steps, n_envs), dt)
+                                for k, dt in (getattr(reward_fn, "columns", None) or {}).items()}
+        embeds, obs_embeds = needs_embedding(reward_fn), needs_obs_embedding(reward_fn)
+        self.rollout_embeddings = self.rollout_obs_embeddings = None
+        current = None  # embedding of self._last_obs (obs embeddings only)
+        if embeds:
+            dim = int(self.image_encoder().dim)
+            self.rollout_embeddings = np.zeros((n_rollout_steps, n_envs, dim), np.float32)
+            if obs_embeds:
+                self.rollout_obs_embeddings = np.zeros((n_rollout_steps, n_envs, dim), np.float32)
+                if self._obs_emb is not None and self._obs_emb[0] is self._last_obs:
+                    current = self._obs_emb[1]  # the last rollout's final next embeddings
+                else:  # the first rollout, or the envs were reset by learn()
+                    current = self._embed(np.asarray(self._last_obs["bev"]))
+        env_ids = np.arange(n_envs)
         placeholder = np.zeros(n_envs, np.float32)  # real rewards are written after the rollout
 
         n_steps = 0
@@ -265,6 +441,26 @@ class DrivePPO(PPO):
             self._update_info_buffer(infos, dones)
 
             facts[n_steps] = self._read_facts(infos)
+            taken[n_steps] = np.asarray(clipped_actions, np.float32).reshape(n_envs, -1)
+            ended[n_steps] = np.asarray(dones, np.float32)
+            if embeds:
+                current = self._embed_step(n_steps, new_obs, infos, dones, current)
+
+            # the reward's online hook, on this step's transitions in time order (DriveMind:
+            # novelty detector and prompt generator); the columns it returns are stored
+            step_batch = {k: facts[n_steps, :, j] for j, k in enumerate(self.fact_keys)}
+            step_batch.update(action=taken[n_steps], done=ended[n_steps], env=env_ids,
+                              slot=n_steps * n_envs + env_ids)
+            if embeds:
+                step_batch["embedding"] = self.rollout_embeddings[n_steps]
+                if obs_embeds:
+                    step_batch["obs_embedding"] = self.rollout_obs_embeddings[n_steps]
+            for k, col in self.rollout_columns.items():
+                step_batch[k] = col[n_steps]
+            frame = (lambda i, o=new_obs, inf=infos, d=dones: self._next_frame(o, inf, d, i))
+            for k, v in run_prepare(reward_fn, step_batch["slot"], step_batch, frame,
+                                    self.num_timesteps).items():
+                self.rollout_columns[k][n_steps] = v
 
             # Timeouts: an episode cut short by truncation did not end, so its last reward is
             # bootstrapped with the discounted value of the observation it was cut at (SB3, GitHub
@@ -285,30 +481,76 @@ class DrivePPO(PPO):
                                values, log_probs)
             self._last_obs = new_obs
             self._last_episode_starts = dones
+            if obs_embeds:
+                self._obs_emb = (new_obs, current)
             n_steps += 1
 
         with th.no_grad():  # value of the observation after the last step, for GAE
             values = self.policy.predict_values(obs_as_tensor(new_obs, self.device))
 
         self._rollout_tail = (rollout_buffer, values, dones)
-        self.relabel_rollout()  # rewards from facts, + bootstrap, then returns and advantages
+        self.relabel_rollout()  # rewards from the stored batch, + bootstrap, returns, advantages
 
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
 
+    # ------------------------------------------------------------------ reward learning
+    def embedding_sampler(self, batch_size: int) -> dict | None:
+        """``batch_size`` rows of the last rollout, drawn with replacement: ``{"obs_embedding",
+        "action", "embedding"}`` float32 (v_t, a_t, v_t+1), or None when it has no obs
+        embeddings (the reward does not read them)."""
+        if self.rollout_obs_embeddings is None or self.rollout_embeddings is None:
+            return None
+        d = self.rollout_embeddings.shape[-1]
+        n = self.rollout_embeddings.shape[0] * self.rollout_embeddings.shape[1]
+        return sample_triples(self.rollout_obs_embeddings.reshape(n, d),
+                              self.rollout_actions.reshape(n, -1),
+                              self.rollout_embeddings.reshape(n, d), batch_size)
+
+    def train(self) -> None:
+        """SB3's PPO update, then ``reward_fn.learn(embedding_sampler)`` on the rollout just
+        trained on (``reward_learn_calls`` times; default one per PPO minibatch)."""
+        super().train()
+        learn = getattr(self.reward_fn, "learn", None)
+        if learn is None:
+            return
+        calls = self.reward_learn_calls
+        if calls is None:
+            rows = self.n_steps * self.n_envs
+            calls = self.n_epochs * math.ceil(rows / self.batch_size)
+        logs: dict[str, list[float]] = {}
+        for _ in range(calls):
+            for k, v in (learn(self.embedding_sampler) or {}).items():
+                logs.setdefault(k, []).append(float(v))
+        for k, v in logs.items():
+            self.logger.record(k, float(np.mean(v)))
+        for k, v in self.reward_fn.stats().items():  # world_model/updates after this update
+            self.logger.record(k, v)
+
     # ------------------------------------------------------------------ save / load
+    def save(self, path, exclude=None, include=None) -> None:
+        """SB3's ``save``; the reward's ``state_dict()`` goes with it as ``reward_state``."""
+        sd = getattr(self.reward_fn, "state_dict", None)
+        if sd is not None:
+            self.reward_state = sd() or None
+        super().save(path, exclude=exclude, include=include)
+
     def _excluded_save_params(self) -> list[str]:
-        # the reward is not pickled (it is passed to load again); the rollout is transient
+        # the reward and the image tower are not pickled (the reward is passed to load again);
+        # the rollout is transient
         return super()._excluded_save_params() + [
-            "reward_fn", "fact_keys", "rollout_facts", "rollout_bootstrap", "_rollout_tail",
-            "_nonfinite_warned"]
+            "reward_fn", "fact_keys", "rollout_facts", "rollout_bootstrap", "rollout_actions",
+            "rollout_dones", "rollout_embeddings", "rollout_obs_embeddings", "rollout_columns",
+            "_rollout_tail", "_nonfinite_warned", "_image_encoder", "_obs_emb"]
 
     @classmethod
     def load(cls, path, env=None, device="auto", custom_objects=None, print_system_info=False,
              force_reset=True, reward_fn=None, **kwargs) -> "DrivePPO":
         """SB3's ``load`` plus ``reward_fn`` (a ``Reward`` or a name), which is not saved: without
-        it the model predicts but cannot learn. ``model.reward_name`` is the saved reward's name."""
+        it the model predicts but cannot learn. ``model.reward_name`` is the saved reward's name.
+        Given the reward it was trained with (same name), the saved ``reward_state`` is loaded
+        into it (DriveMind: prompt bank, novelty detector, world model)."""
         model = super().load(path, env=env, device=device, custom_objects=custom_objects,
                              print_system_info=print_system_info, force_reset=force_reset,
                              **kwargs)
@@ -319,6 +561,8 @@ class DrivePPO(PPO):
             if saved is not None and saved != model.reward_name:
                 warnings.warn(f"the model was trained with reward {saved!r} and is now given "
                               f"{model.reward_name!r}", UserWarning, stacklevel=2)
+            elif getattr(model, "reward_state", None):
+                model.reward_fn.load_state_dict(model.reward_state)  # prompts, novelty, world model
         return model
 
 
