@@ -324,3 +324,25 @@ def test_drivesac_reward_service_embeds_out_of_process():
     oemb = buf.obs_embeddings.reshape(-1, 384)[slots]
     assert np.all(np.any(oemb != 0, axis=1))
     assert reward.pcfm.model is not None and reward.pcfm.model.updates > 0
+
+
+def test_drivemind_with_distilled_tiny_smolvlm():
+    """generator=tiny_smolvlm: the real SmolVLM/PEFT code path (a random tiny Idefics3) distilled
+    online from the privileged teacher on each trigger, in the background thread. Its untrained
+    answers are not the JSON contract: they are counted as malformed and the cached prompts stay."""
+    reward = make_reward("drivemind", generator="tiny_smolvlm", generator_kwargs={"max_new_tokens": 24},
+                         novelty_threshold=0.0, novelty_cooldown=10, asynchronous=True)
+    e = np.eye(8)
+    emb = np.stack([e[i % 8] * (1 + i) for i in range(25)])
+    facts = {"speed_kmh": np.full(25, 30.0), "lead_distance": np.full(25, 6.0),
+             "lead_speed_kmh": np.zeros(25)}
+    ctx = LabelContext(np.arange(25), {"embedding": emb, **facts},
+                       frame=lambda i: {"bev": np.zeros((15, 96, 96), np.uint8)})
+    reward.bind_encoder(FakeText())
+    ids = reward.prepare(ctx)["prompt_id"]
+    reward.wait(60)
+    gen = reward.worker().generator
+    assert type(gen).__name__ == "DistilledGenerator" and gen.steps >= 1
+    c = reward.counts
+    assert c["requested"] >= 2 and c["generated"] + c["malformed"] + c["errors"] + c["skipped_busy"] >= 2
+    assert c["errors"] == 0 and set(np.unique(ids)) <= set(reward.bank.sets)
