@@ -45,6 +45,8 @@ from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputP
 from torch.nn import functional as F
 
 from .buffer import LABELLED, PENDING, RelabelReplayBuffer
+from .embedding import (ENCODERS, bev_shape, build_image_encoder, check_encoder, needs_embedding,  # noqa: F401
+                        needs_obs_embedding, run_prepare, sample_triples)
 from .extractor import DriveExtractor
 
 
@@ -101,13 +103,6 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
     return th.cat([q(x) for q in critic.q_networks], dim=1)
 
 
-def needs_embedding(reward_fn) -> bool:
-    """Whether a reward reads image embeddings (``Composite`` collects its parts' needs)."""
-    needs = tuple(getattr(reward_fn, "needs", ())) if reward_fn is not None else ()
-    return "embedding" in needs or "obs_embedding" in needs
-
-
-ENCODERS = ("bev_clip", "openclip")
 SERVICE_DEFAULTS = {"max_batch": 32, "max_wait_ms": 10.0, "max_pending": 256, "threads": 1,
                     "wait_s": 120.0}
 
@@ -127,10 +122,6 @@ def _service_config(cfg) -> dict | None:
     return {**SERVICE_DEFAULTS, **cfg}
 
 
-def needs_obs_embedding(reward_fn) -> bool:
-    return reward_fn is not None and "obs_embedding" in tuple(getattr(reward_fn, "needs", ()))
-
-
 class DriveSAC(SAC):
     """See the module docstring. ``reward_fn`` is a :class:`drivemind.rewards.Reward`."""
 
@@ -139,9 +130,7 @@ class DriveSAC(SAC):
     def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
                  replay_buffer_kwargs: dict | None = None, reward_service: dict | bool | None = None,
                  encoder: dict | None = None, **kwargs):
-        self.encoder = dict(encoder) if encoder else None  # None: BEV-CLIP; {"kind": "openclip", ...}
-        if self.encoder and self.encoder.get("kind", "bev_clip") not in ENCODERS:
-            raise ValueError(f"unknown encoder kind {self.encoder.get('kind')!r}; valid: {', '.join(ENCODERS)}")
+        self.encoder = check_encoder(encoder)  # None: BEV-CLIP; {"kind": "openclip", ...}
         self.reward_service = _service_config(reward_service)
         if self.reward_service and self.encoder and self.encoder.get("kind", "bev_clip") != "bev_clip":
             raise ValueError("algo.reward_service embeds with BEV-CLIP only; with vlm=openclip set "
@@ -192,14 +181,10 @@ class DriveSAC(SAC):
             pending = self._service_exchange(pending)  # only the prefix whose embeddings are back
         if len(pending):
             self.embed_missing(pending)
-            prepare = getattr(self.reward_fn, "prepare", None)
-            if prepare is not None:
-                from ..rewards.base import LabelContext
-
-                ctx = LabelContext(pending, buf.fact_batch(pending), step=self.num_timesteps,
-                                   frame=lambda i: buf.observation(int(pending[i]), next=True))
-                for k, v in (prepare(ctx) or {}).items():
-                    buf.set_column(k, pending, v)
+            cols = run_prepare(self.reward_fn, pending, buf.fact_batch(pending), step=self.num_timesteps,
+                               frame=lambda i: buf.observation(int(pending[i]), next=True))
+            for k, v in cols.items():
+                buf.set_column(k, pending, v)
             self.reward_terms = buf.label(self.reward_fn, pending)
         return len(pending)
 
@@ -337,22 +322,12 @@ class DriveSAC(SAC):
         by default, or the configured one (``encoder``, e.g. OpenCLIP: ``vlm=openclip``), whose
         text tower the reward then uses too."""
         if self._bev_clip is None:
-            space = self.observation_space
-            if "bev" not in getattr(space, "spaces", {}):
-                raise ValueError("semantic rewards embed the 'bev' observation, which this env lacks")
-            self._bev_clip = self._build_encoder(space["bev"].shape)
+            self._bev_clip = self._build_encoder(bev_shape(self.observation_space))
         return self._bev_clip
 
-    def _build_encoder(self, bev_shape):
-        kind = (self.encoder or {}).get("kind", "bev_clip")
-        if kind == "bev_clip":
-            from ..vlm.bev_clip import BevClip
-            return BevClip.load(bev_shape=bev_shape)
-        from ..vlm.openclip import OpenClipEncoder
-        enc = OpenClipEncoder.from_config(self.encoder)
-        if self.reward_fn is not None and hasattr(self.reward_fn, "bind_encoder"):
-            self.reward_fn.bind_encoder(enc)  # prompts through the same model's text tower
-        return enc
+    def _build_encoder(self, shape):
+        # OpenCLIP: the reward's prompts then go through the same model's text tower
+        return build_image_encoder(self.encoder, shape, self.reward_fn)
 
     def embed_missing(self, slots: np.ndarray, batch_size: int = 256) -> int:
         """Embed the next-observation BEVs of ``slots`` that have no embedding yet (none when the
@@ -401,15 +376,9 @@ class DriveSAC(SAC):
         ok = buf.slots(LABELLED)
         if not len(ok):
             return None
-        s = ok[np.random.randint(0, len(ok), size=batch_size)]
         d = buf.embedding_dim
-        v = buf.obs_embeddings.reshape(-1, d)[s].astype(np.float32)
-        nxt = buf.embeddings.reshape(-1, d)[s].astype(np.float32)
-        keep = np.any(v != 0, axis=1) & np.any(nxt != 0, axis=1)
-        if not keep.any():
-            return None
-        return {"obs_embedding": v[keep], "embedding": nxt[keep],
-                "action": buf.actions.reshape(-1, buf.action_dim)[s][keep]}
+        return sample_triples(buf.obs_embeddings.reshape(-1, d), buf.actions.reshape(-1, buf.action_dim),
+                              buf.embeddings.reshape(-1, d), batch_size, rows=ok)
 
     def _log_reward(self):
         for k, v in self.reward_terms.items():

@@ -117,6 +117,10 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
     device = cfg.get("device", "auto")
     common = dict(env=env, reward_fn=reward_fn, policy_kwargs=pk, seed=seed, device=device,
                   tensorboard_log=tensorboard_log, verbose=int(cfg.get("verbose", 0)))
+    from ..agents.embedding import needs_embedding
+
+    # the image encoder (vlm=openclip; default BEV-CLIP) matters only to rewards that read embeddings
+    enc = (_sub(cfg, "vlm") or {}).get("encoder") if needs_embedding(reward_fn) else None
     try:
         if name == "sac":
             from ..agents import DriveSAC
@@ -125,14 +129,12 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
             if emb is not None:  # None: DriveSAC sizes the slot from the reward (384 if it needs one)
                 rb["embedding_dim"] = emb
             service = algo.pop("reward_service", None)
-            from ..agents.sac import needs_embedding
             if not needs_embedding(reward_fn):
                 service = None  # nothing to embed: the service would idle
-            enc = (_sub(cfg, "vlm") or {}).get("encoder") if needs_embedding(reward_fn) else None
             return DriveSAC(replay_buffer_kwargs=rb, reward_service=service, encoder=enc, **common, **algo)
         from ..agents.ppo import DrivePPO
         pk.setdefault("share_features_extractor", True)
-        return DrivePPO("MultiInputPolicy", **common, **algo)
+        return DrivePPO("MultiInputPolicy", encoder=enc, **common, **algo)
     except TypeError as e:  # an unknown SB3 argument in algo/<name>.yaml or on the command line
         raise TypeError(f"algo={name}: {e}. Check the keys under 'algo' in the config") from None
 
