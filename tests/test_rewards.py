@@ -31,17 +31,30 @@ def test_baseline_formulas():
     assert np.allclose(make_reward("chatscene")(b), [0.1, 0.1 - 0.5 - 0.5, 0.1 - 1.0, 0.1 - 5])
 
 
+class _HashText:
+    """Prompt -> a fixed random unit vector (384-d): a fast stand-in text tower for this test."""
+
+    def encode(self, texts):
+        out = [np.random.default_rng(abs(hash(t)) % (2**32)).normal(size=384) for t in texts]
+        return np.stack([v / np.linalg.norm(v) for v in out])
+
+
 def test_explain_sums_to_the_reward_for_every_reward():
     rng = np.random.default_rng(0)
-    b = {k: rng.uniform(-3, 3, 50) for k in FACT_KEYS}
-    b["speed_kmh"] = rng.uniform(0, 40, 50)
+    n = 50
+    b = {k: rng.uniform(-3, 3, n) for k in FACT_KEYS}
+    b["speed_kmh"] = rng.uniform(0, 40, n)
+    b["risk_id"] = rng.integers(-1, 10, n).astype(float)
     for name in REWARDS:
         r = make_reward(name)
-        emb = rng.normal(size=(50, 384))
-        bn = {**b, "embedding": emb / np.linalg.norm(emb, axis=1, keepdims=True)} \
-            if "embedding" in r.needs else b
+        r.bind_encoder(_HashText())
+        emb, oemb = rng.normal(size=(2, n, 384))
+        bn = {**b, "embedding": emb / np.linalg.norm(emb, axis=1, keepdims=True),
+              "obs_embedding": oemb / np.linalg.norm(oemb, axis=1, keepdims=True),
+              "action": rng.uniform(-1, 1, (n, 2)), "done": np.zeros(n), "env": np.zeros(n),
+              "slot": np.arange(n), **{k: np.zeros(n) for k in r.columns}}
         parts = r.explain(bn)
-        assert all(v.shape == (50,) for v in parts.values()), name
+        assert all(v.shape == (n,) for v in parts.values()), name
         assert np.allclose(sum(parts.values()), r(bn)), name
 
 
