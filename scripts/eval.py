@@ -47,10 +47,11 @@ def _main(cfg: DictConfig) -> dict:
         if not c.get("run"):
             raise ValueError("pass run=<training run directory> (or policy=autopilot)")
         res = evaluate_run(c["run"], town, density, checkpoint=c["checkpoint"], device=c["device"],
-                           map_path=c.get("map_path"), out_dir=c.get("out"), **common)
+                           map_path=c.get("map_path"), out_dir=c.get("out"), sim=c.get("sim"), **common)
     else:
         town, density = town or "grid", density or "regular"
-        kw = env_kwargs({"obs": {"bev": {"preset": "cpu"}}, "map_path": c.get("map_path")})
+        kw = env_kwargs({"obs": {"bev": {"preset": "cpu"}}, "map_path": c.get("map_path"),
+                         "sim": c.get("sim") or {}})
         out = c.get("out") or Path("outputs/eval/autopilot") / f"{town}-{density}"
         res = {**evaluate("autopilot", town=town, density=density, out_dir=out, env_kwargs=kw,
                           meta={"policy": "autopilot"}, **common), "out": out}

@@ -563,3 +563,25 @@ def test_hydra_sim_carla_trains_and_survives_a_lost_server(server, monkeypatch, 
         ends = [r["truncation"] for r in csv.DictReader(fh)]
     assert ends.count("server_lost") == 1
     assert server.live_actors("vehicle.") == [] and not server.world.settings["synchronous_mode"]
+
+
+def test_eval_on_a_carla_server_that_is_not_there_fails_in_one_line():
+    """scripts/eval.py sim=carla (a policy or the autopilot evaluated on a CARLA server) with no
+    server: the real carla client times out and the entry point prints one line naming host:port
+    and the timeout (no server runs here, so nothing is doubled in this test)."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    with socket.socket() as s:  # a free local port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.run([sys.executable, str(repo / "scripts" / "eval.py"), "policy=autopilot",
+                        "town=grid", "density=empty", "routes=[0]", "sim=carla",
+                        "sim.carla.host=127.0.0.1", f"sim.carla.port={port}", "sim.carla.timeout=1"],
+                       cwd=repo, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert f"127.0.0.1:{port}" in p.stderr and "1 s timeout" in p.stderr and "sim=lite" in p.stderr
+    assert "Traceback" not in p.stderr

@@ -7,9 +7,10 @@ import sys
 
 from ..maps.roadmap import MapError
 
-# errors that describe bad input (config values, missing files or maps); anything else is a bug
-# and keeps its traceback
-USER_ERRORS = (MapError, ValueError, FileNotFoundError, KeyError, TypeError, MemoryError)
+# errors that describe bad input (config values, missing files or maps, a server that does not
+# answer); anything else is a bug and keeps its traceback
+USER_ERRORS = (MapError, ValueError, FileNotFoundError, KeyError, TypeError, MemoryError,
+               ConnectionError)
 
 
 def run_cli(fn, *args):

@@ -60,9 +60,11 @@ def check_policy_env(policy, env_space, where):
 
 def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | None = None, *,
                  checkpoint: str = "latest", device: str = "auto", map_path: str | None = None,
-                 out_dir: str | Path | None = None, meta: dict | None = None, **kwargs) -> dict:
+                 out_dir: str | Path | None = None, meta: dict | None = None, sim: dict | None = None,
+                 **kwargs) -> dict:
     """Evaluate a training run's checkpoint on the fixed routes of ``town`` x ``density`` (default:
-    the run's own) with the run's obs/env settings; reports go to ``<run>/eval/<town>-<density>``
+    the run's own) with the run's obs/env settings (``sim``: another backend's config, e.g. a CARLA
+    server for a policy trained on the embedded sim); reports go to ``<run>/eval/<town>-<density>``
     unless ``out_dir``. ``kwargs`` go to :func:`drivemind.evaluation.evaluate`. Returns its result
     plus ``out`` (the report folder)."""
     from ..envs import DriveEnv
@@ -74,7 +76,7 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     cfg = policy.config
     town = town or cfg["town"]["name"]
     density = density or cfg["density"]["name"]
-    kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path")})
+    kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path"), **({"sim": sim} if sim else {})})
     probe = DriveEnv(town, density, mode="eval", **kw)  # a clear error before any route runs
     try:
         check_policy_env(policy, probe.observation_space, run_dir)
