@@ -119,7 +119,7 @@ def permute_rows(arr: np.ndarray, order: np.ndarray) -> None:
 
 
 def main(argv=None) -> dict:
-    from drivemind.vlm.bev_clip import BevClip, default_weights_path
+    from drivemind.vlm.bev_clip import default_weights_path
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     ap.add_argument("--bev", default="cpu",
@@ -195,11 +195,11 @@ def main(argv=None) -> dict:
           f"{frames.nbytes / 2**30:.2f} GiB), {len(set(canon))} distinct captions, collected in "
           f"{t_collect:.0f} s", file=sys.stderr)
     t1 = time.time()
-    model = BevClip(in_channels=bev.shape[0], size=bev.size, channel_names=bev.channel_names())
-    n_params = sum(p.numel() for p in model.parameters())
-    model = train_bev_clip(frames[tr], train_caps, text, model=model,
+    # the model is built inside train_bev_clip, after it seeds torch (a deterministic run)
+    model = train_bev_clip(frames[tr], train_caps, text, channel_names=bev.channel_names(),
                            epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                            seed=args.seed, progress=True)
+    n_params = sum(p.numel() for p in model.parameters())
     t_train = time.time() - t1
     held = retrieval_accuracy(model, frames[va], canon[va], text)
     train = retrieval_accuracy(model, frames[tr], canon[tr], text)
