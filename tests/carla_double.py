@@ -29,6 +29,7 @@ error, immediately (the real one waits the timeout first).
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import hashlib
 import math
@@ -137,7 +138,7 @@ class FakeBlueprintLibrary:
     def find(self, id):
         if id not in self._bps:
             raise IndexError(f"blueprint {id!r} not found")
-        return self._bps[id]
+        return copy.deepcopy(self._bps[id])  # the real client returns a copy too
 
     def __iter__(self):
         return iter(self._bps.values())

@@ -118,3 +118,34 @@ def test_train_through_config(tmp_path):
     import json
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "finished" and s["reward"] == "drivevlm_rl" and s["nonfinite_rewards"] == 0
+
+
+def test_model_answers_and_camera_embeddings_reach_the_reward():
+    """With a model slot the stored answers (dyn_gate / dyn_risk), not the privileged facts,
+    gate the dynamic pathway; a row with a view embedding reads it in the dynamic pathway only,
+    and rows without one keep the BEV embedding."""
+    text = FakeText()
+    r = make_reward("drivevlm_rl", reasoner="tiny_qwen_vl", theta_min=-0.5, theta_max=0.5)
+    r.bind_encoder(text)
+    synth = r.parts["synth"][1]
+    assert {"dyn_gate", "dyn_risk"} <= set(r.needs) and "view_embedding" in r.optional
+    rng = np.random.default_rng(2)
+    v, cam = rng.normal(size=(3, 16)), rng.normal(size=(3, 16))
+    cam[2] = 0.0  # no camera frame for this row
+    u = text.encode(["The road is clear with no car accidents",
+                     "Two cars have collided with each other on the road", RISK_VOCABULARY[1]])
+    unit = lambda a: a / np.linalg.norm(a, axis=1, keepdims=True)  # noqa: E731
+    x, y = unit(v), unit(cam[:2])
+    static = 0.5 * x @ u[0] - 0.5 * x @ u[1]
+    batch = _batch(v, [0, 0, 0], [-1, -1, -1])  # the privileged facts see nothing ...
+    batch.update(dyn_gate=np.array([1, 0, 1], np.int8), dyn_risk=np.array([1, -1, 1], np.int16),
+                 view_embedding=cam)  # ... the model gated rows 0 and 2
+    got = r.parts["synth"][1].combined(batch)
+    want = static.copy()
+    want[0] += 0.5 * y[0] @ u[0] - 0.5 * y[0] @ u[2]  # camera embedding in the dynamic pathway
+    want[2] += 0.5 * x[2] @ u[0] - 0.5 * x[2] @ u[2]  # no camera: the BEV embedding
+    assert np.allclose(got, want)
+    assert synth.stats()["drivevlm/first_view"] == pytest.approx(2 / 3)
+    # through explain (the path the agents use): the columns and the optional key get through
+    with_cam, no_cam = r(batch), r({k: val for k, val in batch.items() if k != "view_embedding"})
+    assert with_cam[1] == no_cam[1] and with_cam[0] != no_cam[0]

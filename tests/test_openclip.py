@@ -294,6 +294,7 @@ def test_drivesac_with_openclip_encoder(tiny):
     s = int(buf.slots(LABELLED)[3])
     want = m.bev_clip().embed(buf.observation(s, next=True)["bev"][None])[0]
     assert np.allclose(buf.embeddings.reshape(-1, 32)[s].astype(np.float32), want, atol=3e-3)
-    with pytest.raises(ValueError, match="BEV-CLIP only"):
-        DriveSAC(env=env, reward_fn=reward, encoder=spec, reward_service=True, buffer_size=50,
-                 device="cpu", policy_kwargs=pk)
+    # the embedding worker hosts BEV-CLIP only: with OpenCLIP the service leaves embeddings inline
+    m2 = DriveSAC(env=env, reward_fn=reward, encoder=spec, reward_service=True, buffer_size=50,
+                  device="cpu", policy_kwargs=pk)
+    assert m2.reward_service is not None and not m2._embeds_in_service()

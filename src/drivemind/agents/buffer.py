@@ -16,6 +16,11 @@ Layout (``N = buffer_size // n_envs`` rows, one column per env; a *slot* is ``ro
   float32), an optional image-embedding slot (float16, for the semantic rewards) and a label state:
   ``EMPTY`` (no transition), ``PENDING`` (stored, reward unknown), ``LABELLED``, ``INVALID`` (its
   reward came out non-finite: counted, never sampled).
+- **Forward camera frames** (``keep_views=True``): a transition whose ``info`` carries the
+  backend's forward camera frame (``info["front_rgb"]``, CARLA with ``sim.carla.camera``) keeps it
+  in a side table only while it is pending (for the reward's models and the view embedding), at
+  most ``max_views`` frames (older ones are dropped and counted); its embedding is kept in the
+  ``view_embeddings`` slot, allocated when the agent first stores one.
 - **Relabelling.** ``label_pending(reward)`` scores the pending transitions in one batch;
   ``relabel(reward)`` re-scores everything stored (e.g. after changing weights) from the stored
   facts, without touching observations or the simulator. ``sample`` draws only ``LABELLED`` slots.
@@ -86,14 +91,14 @@ class RelabelReplayBuffer(ReplayBuffer):
     ``FACT_KEYS``), ``embedding_dim`` (0 = no slot), ``obs_embeddings`` (also keep the embedding
     of the observation each action was taken in, for world models), ``columns`` (``{name: dtype}``
     per-transition values a reward's ``prepare`` fills, e.g. DriveMind's prompt ids),
-    ``palette_size``."""
+    ``palette_size``, ``keep_views`` / ``max_views`` (pending forward camera frames)."""
 
     def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, fact_keys: tuple[str, ...] | None = None,
                  embedding_dim: int = 0, palette_size: int = 64, scale_images: bool = False,
                  check_memory: bool = True, obs_embeddings: bool = False,
-                 columns: dict | None = None):
+                 columns: dict | None = None, keep_views: bool = False, max_views: int = 1024):
         if not isinstance(observation_space, spaces.Dict):
             raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -127,6 +132,10 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.obs_embeddings = (np.zeros((n, e, self.embedding_dim), np.float16)
                                if obs_embeddings else None)
         self.columns = {k: np.zeros((n, e), np.dtype(dt)) for k, dt in (columns or {}).items()}
+        self.view_embeddings = None  # (n, e, D) float16, allocated by enable_view_embeddings()
+        self.keep_views, self.max_views = bool(keep_views), int(max_views)
+        self.views: dict[int, np.ndarray] = {}  # pending slot -> forward camera frame (HxWx3 uint8)
+        self.views_dropped = 0
         self.terminal: dict[int, dict] = {}  # slot -> encoded terminal next observation
         self.raw: dict[tuple[str, int, int], np.ndarray] = {}  # (key, row, env) -> frame too rich for a palette
         self._obs_ready = np.zeros(e, bool)  # row `pos` already holds this env's current observation
@@ -142,8 +151,9 @@ class RelabelReplayBuffer(ReplayBuffer):
         arrays = [*self.codes.values(), *self.palettes.values(), *self.vectors.values(), self.actions,
                   self.rewards, self.dones, self.timeouts, self.facts, self.labels,
                   *self.columns.values()]
-        arrays += [a for a in (self.embeddings, self.obs_embeddings) if a is not None]
+        arrays += [a for a in (self.embeddings, self.obs_embeddings, self.view_embeddings) if a is not None]
         side = sum(v.nbytes for d in self.terminal.values() for v in d.values())
+        side += sum(v.nbytes for v in self.views.values())
         side += sum(v.nbytes for v in self.raw.values())
         return int(sum(a.nbytes for a in arrays) + side)
 
@@ -223,16 +233,43 @@ class RelabelReplayBuffer(ReplayBuffer):
                                f"(fact_keys: {list(self.fact_keys)}); is the env DriveMind-v0?") from None
             self.timeouts[r, e] = float(self.handle_timeout_termination and d
                                         and info.get("TimeLimit.truncated", False))
+            self.views.pop(slot, None)
+            view = info.get("front_rgb") if self.keep_views else None
+            if view is not None:
+                self._keep_view(slot, view)
         self.actions[r] = action
         self.dones[r] = np.asarray(done, np.float32)
         self.rewards[r] = 0.0
         self.labels[r] = PENDING
-        for a in (self.embeddings, self.obs_embeddings, *self.columns.values()):
+        for a in (self.embeddings, self.obs_embeddings, self.view_embeddings, *self.columns.values()):
             if a is not None:
                 a[r] = 0
         self.pos = nxt
         if self.pos == 0:
             self.full = True
+
+    def _keep_view(self, slot: int, view) -> None:
+        view = np.asarray(view)
+        if view.ndim != 3 or view.shape[-1] != 3 or view.dtype != np.uint8:
+            raise ValueError(f"info['front_rgb'] must be an HxWx3 uint8 camera frame, got "
+                             f"{view.dtype} {view.shape}")
+        while len(self.views) >= self.max_views:  # oldest first (dicts keep insertion order)
+            self.views.pop(next(iter(self.views)))
+            self.views_dropped += 1
+        self.views[int(slot)] = view.copy()
+
+    def enable_view_embeddings(self) -> None:
+        """Allocate the forward-camera embedding slot (once the agent knows it has frames and an
+        encoder that embeds them)."""
+        if self.view_embeddings is None:
+            if not self.embedding_dim:
+                raise ValueError("view embeddings need an embedding slot (embedding_dim > 0)")
+            self.view_embeddings = np.zeros((self.buffer_size, self.n_envs, self.embedding_dim), np.float16)
+
+    def take_views(self, slots: np.ndarray) -> None:
+        """Drop the kept camera frames of ``slots`` (labelled: their frames are no longer needed)."""
+        for s in np.asarray(slots, np.int64).tolist():
+            self.views.pop(s, None)
 
     def truncate_last_trajectory(self):
         """Before continuing into new episodes (resume): the last transition of each env keeps its
@@ -274,17 +311,21 @@ class RelabelReplayBuffer(ReplayBuffer):
         if self.obs_embeddings is not None:
             batch["obs_embedding"] = (self.obs_embeddings.reshape(-1, self.embedding_dim)[slots]
                                       .astype(np.float32))
+        if self.view_embeddings is not None:
+            batch["view_embedding"] = (self.view_embeddings.reshape(-1, self.embedding_dim)[slots]
+                                       .astype(np.float32))
         for k, a in self.columns.items():
             batch[k] = a.reshape(-1)[slots]
         return batch
 
-    def set_embeddings(self, slots: np.ndarray, emb: np.ndarray, obs: bool = False):
+    def set_embeddings(self, slots: np.ndarray, emb: np.ndarray, obs: bool = False, view: bool = False):
         """Store image embeddings of the slots' next observations (``obs=True``: of the
-        observations their actions were taken in)."""
-        target = self.obs_embeddings if obs else self.embeddings
+        observations their actions were taken in; ``view=True``: of their forward camera frames)."""
+        target = self.view_embeddings if view else self.obs_embeddings if obs else self.embeddings
         if target is None:
             raise ValueError("this buffer has no embedding slot: create it with embedding_dim > 0"
-                             + (" and obs_embeddings=True" if obs else ""))
+                             + (" and obs_embeddings=True" if obs else "")
+                             + (" and call enable_view_embeddings()" if view else ""))
         target.reshape(-1, self.embedding_dim)[slots] = emb
 
     def set_column(self, name: str, slots: np.ndarray, values: np.ndarray):
@@ -415,11 +456,15 @@ class RelabelReplayBuffer(ReplayBuffer):
                 d = self._read_rows(np.array([(row + 1) % self.buffer_size]), np.array([env]), {})
         else:
             d = self._read_rows(np.array([row]), np.array([env]), {})
-        return {k: v[0].contiguous().numpy() for k, v in d.items()}
+        out = {k: v[0].contiguous().numpy() for k, v in d.items()}
+        if next and int(slot) in self.views:
+            out["rgb"] = self.views[int(slot)]
+        return out
 
     def stats(self) -> dict[str, float]:
         c = self.counts()
         return {**{f"buffer/{k}": v for k, v in c.items()},
                 "buffer/nonfinite_rewards": self.nonfinite_rewards,
                 "buffer/palette_overflows": self.palette_overflows,
+                **({"buffer/views_dropped": self.views_dropped} if self.keep_views else {}),
                 "buffer/megabytes": self.nbytes() / 1e6}

@@ -8,8 +8,10 @@ sampler's rows.
 
 Batch keys (``drivemind.rewards.base``): ``action``, ``done``, ``env``, ``slot``, ``embedding``
 (the frame the step's facts describe: the observation the action led to), ``obs_embedding`` (the
-observation the action was taken in) and the per-transition ``columns`` a reward declares. The
-agent provides them; everything else a reward ``needs`` is a fact read from the env's ``info``.
+observation the action was taken in), ``view_embedding`` (the forward camera frame of the same
+step, where the backend has a camera, the encoder embeds RGB and the reward lists it in
+``optional``) and the per-transition ``columns`` a reward declares. The agent provides them;
+everything else a reward ``needs`` is a fact read from the env's ``info``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import numpy as np
 
 from ..rewards.base import LabelContext
 
-BATCH_KEYS = ("action", "done", "env", "slot", "embedding", "obs_embedding")
+BATCH_KEYS = ("action", "done", "env", "slot", "embedding", "obs_embedding", "view_embedding")
+VIEW_KEY = "front_rgb"  # the env's info key of the forward camera frame (HxWx3 uint8)
 ENCODERS = ("bev_clip", "openclip")
 
 
@@ -31,6 +34,18 @@ def needs_embedding(reward_fn) -> bool:
 def needs_obs_embedding(reward_fn) -> bool:
     """Whether a reward reads the embedding of the observation each action was taken in."""
     return reward_fn is not None and "obs_embedding" in tuple(getattr(reward_fn, "needs", ()))
+
+
+def wants_view_embedding(reward_fn) -> bool:
+    """Whether a reward reads forward-camera embeddings when there are any (DriveVLM-RL's
+    dynamic pathway)."""
+    return reward_fn is not None and "view_embedding" in tuple(getattr(reward_fn, "optional", ()))
+
+
+def can_embed_rgb(encoder) -> bool:
+    """Whether an image tower embeds camera frames (OpenCLIP's ``embed_rgb``; BEV-CLIP embeds
+    BEV masks only)."""
+    return callable(getattr(encoder, "embed_rgb", None))
 
 
 def split_needs(reward_fn) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -73,14 +88,18 @@ def build_image_encoder(encoder: dict | None, bev_shape=None, reward_fn=None):
     return enc
 
 
-def run_prepare(reward_fn, slots, batch: dict, frame=None, step: int = 0) -> dict[str, np.ndarray]:
-    """Call ``reward_fn.prepare`` on new transitions (time order) and return the columns it wants
-    stored, each checked to be one value per transition and declared in ``reward_fn.columns``."""
+def run_prepare(reward_fn, slots, batch: dict, frame=None, step: int = 0,
+                timeout: float | None = None) -> tuple[dict[str, np.ndarray], int]:
+    """Call ``reward_fn.prepare`` on pending transitions (time order); return the columns it wants
+    stored, each checked to be one value per transition and declared in ``reward_fn.columns``, and
+    how many leading transitions are ready (a reward whose models answer asynchronously may have
+    values for only a prefix; ``timeout``: how long it may wait, None = until all are there)."""
     prepare = getattr(reward_fn, "prepare", None)
-    if prepare is None:
-        return {}
     slots = np.asarray(slots, np.int64)
-    out = prepare(LabelContext(slots, batch, frame=frame, step=int(step))) or {}
+    if prepare is None:
+        return {}, len(slots)
+    ctx = LabelContext(slots, batch, frame=frame, step=int(step), timeout=timeout)
+    out = prepare(ctx) or {}
     declared = getattr(reward_fn, "columns", None) or {}
     cols = {}
     for k, v in out.items():
@@ -92,7 +111,8 @@ def run_prepare(reward_fn, slots, batch: dict, frame=None, step: int = 0) -> dic
             raise ValueError(f"reward {getattr(reward_fn, 'name', reward_fn)!r} returned column {k!r} "
                              f"of shape {v.shape} for {len(slots)} transitions")
         cols[k] = v
-    return cols
+    ready = len(slots) if ctx.ready is None else max(0, min(int(ctx.ready), len(slots)))
+    return cols, ready
 
 
 def sample_triples(obs_embedding: np.ndarray, action: np.ndarray, embedding: np.ndarray,
@@ -116,5 +136,5 @@ def sample_triples(obs_embedding: np.ndarray, action: np.ndarray, embedding: np.
     return {"obs_embedding": v[keep], "embedding": nxt[keep], "action": a[keep]}
 
 
-__all__ = ["BATCH_KEYS", "ENCODERS", "bev_shape", "build_image_encoder", "check_encoder",
-           "needs_embedding", "needs_obs_embedding", "run_prepare", "sample_triples", "split_needs"]
+__all__ = ["BATCH_KEYS", "ENCODERS", "VIEW_KEY", "bev_shape", "build_image_encoder", "can_embed_rgb",
+           "check_encoder", "wants_view_embedding", "needs_embedding", "needs_obs_embedding", "run_prepare", "sample_triples", "split_needs"]

@@ -88,8 +88,9 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from ..rewards import Reward, make_reward
-from .embedding import (BATCH_KEYS, bev_shape, build_image_encoder, check_encoder, needs_embedding,
-                        needs_obs_embedding, run_prepare, sample_triples, split_needs)
+from .embedding import (BATCH_KEYS, VIEW_KEY, bev_shape, build_image_encoder, can_embed_rgb,  # noqa: F401
+                        check_encoder, needs_embedding, needs_obs_embedding, run_prepare,
+                        sample_triples, split_needs, wants_view_embedding)
 
 
 def as_reward(reward_fn) -> Reward:
@@ -155,6 +156,8 @@ class DrivePPO(PPO):
         self.rollout_dones: np.ndarray | None = None  # (n_steps, n_envs) float32
         self.rollout_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
         self.rollout_obs_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
+        self.rollout_view_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
+        self._warned_views = False
         self.rollout_columns: dict[str, np.ndarray] = {}  # column -> (n_steps, n_envs)
         self._rollout_tail = None  # (buffer, last values, last dones) of the last full rollout
         super().__init__(policy, env, *args, **kwargs)
@@ -207,7 +210,8 @@ class DrivePPO(PPO):
         batch["env"] = np.tile(np.arange(n_envs), n_steps)
         batch["slot"] = np.arange(n)
         for key, arr in (("embedding", self.rollout_embeddings),
-                         ("obs_embedding", self.rollout_obs_embeddings)):
+                         ("obs_embedding", self.rollout_obs_embeddings),
+                         ("view_embedding", getattr(self, "rollout_view_embeddings", None))):
             if arr is not None:
                 batch[key] = arr.reshape(n, arr.shape[-1])
         for k, v in self.rollout_columns.items():
@@ -329,17 +333,45 @@ class DrivePPO(PPO):
     @staticmethod
     def _next_frame(new_obs, infos: list[dict], dones, i: int) -> dict:
         """Env ``i``'s next observation as a dict of arrays: the terminal observation when its
-        episode ended at this step (the VecEnv has already reset it)."""
+        episode ended at this step (the VecEnv has already reset it); with ``"rgb"``, the step's
+        forward camera frame, where the backend has one."""
         if dones[i]:
             term = infos[i].get("terminal_observation")
             if term is None:
                 raise KeyError(f"env {i} ended an episode without 'terminal_observation' in its "
                                f"info; step DrivePPO with an SB3 VecEnv (DummyVecEnv, "
                                f"SubprocVecEnv), which records it")
-            return dict(term) if isinstance(term, dict) else {"obs": np.asarray(term)}
-        if isinstance(new_obs, dict):
-            return {k: np.asarray(v[i]) for k, v in new_obs.items()}
-        return {"obs": np.asarray(new_obs[i])}
+            out = dict(term) if isinstance(term, dict) else {"obs": np.asarray(term)}
+        elif isinstance(new_obs, dict):
+            out = {k: np.asarray(v[i]) for k, v in new_obs.items()}
+        else:
+            out = {"obs": np.asarray(new_obs[i])}
+        view = infos[i].get(VIEW_KEY)
+        if view is not None:
+            out["rgb"] = np.asarray(view)
+        return out
+
+    def _embed_views(self, t: int, infos: list[dict]) -> None:
+        """Step ``t``'s forward camera frames into ``rollout_view_embeddings[t]`` (rows of zeros
+        for envs without one), when the reward reads them and the encoder embeds RGB."""
+        have = [i for i, inf in enumerate(infos) if inf.get(VIEW_KEY) is not None]
+        if not have:
+            return
+        enc = self.image_encoder()
+        if not can_embed_rgb(enc):
+            if not self._warned_views:
+                warnings.warn(f"the env gives forward camera frames but the image encoder "
+                              f"({type(enc).__name__}) embeds BEVs only: {self.reward_name!r} reads "
+                              f"the BEV embedding instead (vlm=openclip embeds the camera)",
+                              UserWarning, stacklevel=3)
+                self._warned_views = True
+            return
+        if self.rollout_view_embeddings is None:
+            n_steps, n_envs, dim = self.rollout_embeddings.shape
+            self.rollout_view_embeddings = np.zeros((n_steps, n_envs, dim), np.float32)
+        e = np.asarray(enc.embed_rgb(np.stack([np.asarray(infos[i][VIEW_KEY]) for i in have])), np.float32)
+        self.rollout_view_embeddings[t, have] = e
+        self.embedded_frames += len(have)
 
     def _embed_step(self, t: int, new_obs, infos: list[dict], dones, current: np.ndarray | None
                     ) -> np.ndarray | None:
@@ -391,7 +423,8 @@ class DrivePPO(PPO):
         self.rollout_columns = {k: np.zeros((n_rollout_steps, n_envs), dt)
                                 for k, dt in (getattr(reward_fn, "columns", None) or {}).items()}
         embeds, obs_embeds = needs_embedding(reward_fn), needs_obs_embedding(reward_fn)
-        self.rollout_embeddings = self.rollout_obs_embeddings = None
+        self.rollout_embeddings = self.rollout_obs_embeddings = self.rollout_view_embeddings = None
+        views = embeds and wants_view_embedding(reward_fn)
         current = None  # embedding of self._last_obs (obs embeddings only)
         if embeds:
             dim = int(self.image_encoder().dim)
@@ -445,6 +478,8 @@ class DrivePPO(PPO):
             ended[n_steps] = np.asarray(dones, np.float32)
             if embeds:
                 current = self._embed_step(n_steps, new_obs, infos, dones, current)
+                if views:
+                    self._embed_views(n_steps, infos)
 
             # the reward's online hook, on this step's transitions in time order (DriveMind:
             # novelty detector and prompt generator); the columns it returns are stored
@@ -455,11 +490,14 @@ class DrivePPO(PPO):
                 step_batch["embedding"] = self.rollout_embeddings[n_steps]
                 if obs_embeds:
                     step_batch["obs_embedding"] = self.rollout_obs_embeddings[n_steps]
+                if self.rollout_view_embeddings is not None:
+                    step_batch["view_embedding"] = self.rollout_view_embeddings[n_steps]
             for k, col in self.rollout_columns.items():
                 step_batch[k] = col[n_steps]
             frame = (lambda i, o=new_obs, inf=infos, d=dones: self._next_frame(o, inf, d, i))
-            for k, v in run_prepare(reward_fn, step_batch["slot"], step_batch, frame,
-                                    self.num_timesteps).items():
+            cols, _ = run_prepare(reward_fn, step_batch["slot"], step_batch, frame, self.num_timesteps,
+                                  timeout=None)  # on-policy: every value is needed now
+            for k, v in cols.items():
                 self.rollout_columns[k][n_steps] = v
 
             # Timeouts: an episode cut short by truncation did not end, so its last reward is
@@ -541,7 +579,8 @@ class DrivePPO(PPO):
         # the rollout is transient
         return super()._excluded_save_params() + [
             "reward_fn", "fact_keys", "rollout_facts", "rollout_bootstrap", "rollout_actions",
-            "rollout_dones", "rollout_embeddings", "rollout_obs_embeddings", "rollout_columns",
+            "rollout_dones", "rollout_embeddings", "rollout_obs_embeddings", "rollout_view_embeddings",
+            "rollout_columns",
             "_rollout_tail", "_nonfinite_warned", "_image_encoder", "_obs_emb"]
 
     @classmethod

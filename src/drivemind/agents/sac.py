@@ -27,6 +27,16 @@ Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
   columns it returns, e.g. prompt ids, are stored per transition); after each training round
   ``reward_fn.learn`` gets a sampler of (v_t, a_t, v_t+1) embedding triples (the world model);
   ``reward_fn.state_dict()`` is saved with the model (``reward_state``) and restored by ``load``.
+- **Forward camera.** A reward that reads ``view_embedding`` (DriveVLM-RL's dynamic pathway) makes
+  the buffer keep each step's camera frame (``info["front_rgb"]``: CARLA with a camera) while the
+  transition is pending: the reward's models read it (``frame(i)["rgb"]``), and an encoder that
+  embeds RGB (``vlm=openclip``) embeds it once into the ``view_embeddings`` slot; BEV-CLIP cannot,
+  which is warned once (the reward then reads the BEV embedding).
+- **Reward service.** ``reward_service`` (``algo.reward_service``) sends the BEV embeddings to a
+  worker process (BEV-CLIP only; other encoders embed inline) and is passed to the reward's
+  ``use_service`` (DriveVLM-RL's real detector and reasoner then run in a worker of their own).
+  Transitions are labelled only once everything they need is back; until then they stay pending
+  and are never sampled.
 
 Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load, gSDE) is SB3's.
 """
@@ -45,8 +55,9 @@ from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputP
 from torch.nn import functional as F
 
 from .buffer import LABELLED, PENDING, RelabelReplayBuffer
-from .embedding import (ENCODERS, bev_shape, build_image_encoder, check_encoder, needs_embedding,  # noqa: F401
-                        needs_obs_embedding, run_prepare, sample_triples)
+from .embedding import (ENCODERS, bev_shape, build_image_encoder, can_embed_rgb, check_encoder,  # noqa: F401
+                        needs_embedding, needs_obs_embedding, run_prepare, sample_triples,
+                        wants_view_embedding)
 from .extractor import DriveExtractor
 
 
@@ -132,9 +143,8 @@ class DriveSAC(SAC):
                  encoder: dict | None = None, **kwargs):
         self.encoder = check_encoder(encoder)  # None: BEV-CLIP; {"kind": "openclip", ...}
         self.reward_service = _service_config(reward_service)
-        if self.reward_service and self.encoder and self.encoder.get("kind", "bev_clip") != "bev_clip":
-            raise ValueError("algo.reward_service embeds with BEV-CLIP only; with vlm=openclip set "
-                             "algo.reward_service.enabled=false (embeddings are computed inline)")
+        self._embed_service_dead = False
+        self._warned_views = False
         self._service = None
         self._in_service: dict[int, int] = {}  # request id -> num_timesteps when submitted
         self._poll_timeout = 0.0
@@ -157,10 +167,14 @@ class DriveSAC(SAC):
             replay_buffer_kwargs = {"embedding_dim": dim, **(replay_buffer_kwargs or {})}
             if needs_obs_embedding(reward_fn):
                 replay_buffer_kwargs.setdefault("obs_embeddings", True)
+            if wants_view_embedding(reward_fn):
+                replay_buffer_kwargs.setdefault("keep_views", True)
         if getattr(reward_fn, "columns", None) and issubclass(replay_buffer_class, RelabelReplayBuffer):
             replay_buffer_kwargs = {"columns": dict(reward_fn.columns), **(replay_buffer_kwargs or {})}
         super().__init__(policy, env, replay_buffer_class=replay_buffer_class,
                          replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
+        if reward_fn is not None and self.reward_service is not None and hasattr(reward_fn, "use_service"):
+            reward_fn.use_service(self.reward_service)
 
     # ------------------------------------------------------------------ rewards
     def _require_reward(self):
@@ -177,16 +191,54 @@ class DriveSAC(SAC):
         if not isinstance(buf, RelabelReplayBuffer):
             return 0
         pending = buf.time_order(buf.slots(PENDING))
-        if len(pending) and self.reward_service is not None and needs_embedding(self.reward_fn):
+        if len(pending) and self._embeds_in_service() and needs_embedding(self.reward_fn):
             pending = self._service_exchange(pending)  # only the prefix whose embeddings are back
         if len(pending):
             self.embed_missing(pending)
-            cols = run_prepare(self.reward_fn, pending, buf.fact_batch(pending), step=self.num_timesteps,
-                               frame=lambda i: buf.observation(int(pending[i]), next=True))
-            for k, v in cols.items():
-                buf.set_column(k, pending, v)
-            self.reward_terms = buf.label(self.reward_fn, pending)
+            self.embed_views(pending)
+            cols, k = run_prepare(self.reward_fn, pending, buf.fact_batch(pending), step=self.num_timesteps,
+                                  frame=lambda i: buf.observation(int(pending[i]), next=True),
+                                  timeout=self._poll_timeout)
+            pending = pending[:k]  # a reward with models in a worker: only what is answered
+            for name, v in cols.items():
+                buf.set_column(name, pending, v[:k])
+            if len(pending):
+                self.reward_terms = buf.label(self.reward_fn, pending)
+                buf.take_views(pending)
         return len(pending)
+
+    def _embeds_in_service(self) -> bool:
+        """Whether BEV embeddings go to the reward service's worker: it hosts BEV-CLIP, so other
+        encoders embed inline (the reward's own models may still run in a worker of theirs)."""
+        return (self.reward_service is not None and not getattr(self, "_embed_service_dead", False)
+                and (self.encoder or {}).get("kind", "bev_clip") == "bev_clip")
+
+    def embed_views(self, slots: np.ndarray, batch_size: int = 64) -> int:
+        """Embed the kept forward camera frames of ``slots`` (``view_embeddings``) when the reward
+        reads them and the encoder embeds RGB; returns how many were embedded."""
+        buf = self.replay_buffer
+        if not (isinstance(buf, RelabelReplayBuffer) and buf.views and wants_view_embedding(self.reward_fn)):
+            return 0
+        slots = np.asarray([s for s in np.asarray(slots, np.int64).tolist() if s in buf.views], np.int64)
+        if not len(slots):
+            return 0
+        enc = self.bev_clip()
+        if not can_embed_rgb(enc):
+            if not getattr(self, "_warned_views", False):
+                warnings.warn(f"the env gives forward camera frames but the image encoder "
+                              f"({type(enc).__name__}) embeds BEVs only: {self.reward_name!r} reads the "
+                              f"BEV embedding instead (vlm=openclip embeds the camera)", UserWarning,
+                              stacklevel=2)
+                self._warned_views = True
+            return 0
+        buf.enable_view_embeddings()
+        flat = buf.view_embeddings.reshape(-1, buf.embedding_dim)
+        slots = slots[~np.any(flat[slots] != 0, axis=1)]
+        for a in range(0, len(slots), batch_size):
+            s = slots[a:a + batch_size]
+            buf.set_embeddings(s, enc.embed_rgb(np.stack([buf.views[int(x)] for x in s])), view=True)
+        self.embedded_frames += len(slots)
+        return len(slots)
 
     # ------------------------------------------------------------------ asynchronous embeddings
     def service(self):
@@ -204,10 +256,14 @@ class DriveSAC(SAC):
         return self._service
 
     def close_service(self) -> None:
+        """Stop the embedding worker and the reward's own workers (end of the run)."""
         if self._service is not None:
             self._service.close()
             self._service = None
             self._in_service.clear()
+        close = getattr(self.reward_fn, "close", None)
+        if close is not None:
+            close()
 
     def _service_exchange(self, pending: np.ndarray) -> np.ndarray:
         """Collect returned embeddings, submit the missing ones (without blocking: back-pressure
@@ -234,8 +290,10 @@ class DriveSAC(SAC):
         except RewardServiceDead as err:  # no worker: embed inline from now on
             warnings.warn(f"the reward service's worker died ({err}); embedding inline from now on",
                           UserWarning, stacklevel=2)
-            self.close_service()
-            self.reward_service = None
+            self._service.close()
+            self._service = None
+            self._in_service.clear()
+            self._embed_service_dead = True
             return pending
         for i, e in zip(ids.tolist(), emb):
             stamp = self._in_service.pop(i, None)
@@ -312,6 +370,8 @@ class DriveSAC(SAC):
         embeddings: frames already embedded are not embedded again)."""
         self.reward_fn = reward_fn
         self.reward_name = getattr(reward_fn, "name", None)
+        if self.reward_service is not None and hasattr(reward_fn, "use_service"):
+            reward_fn.use_service(self.reward_service)
         if isinstance(self.replay_buffer, RelabelReplayBuffer):
             self.embed_missing(self.replay_buffer.slots())
             self.reward_terms = self.replay_buffer.relabel(reward_fn)
@@ -509,6 +569,8 @@ class DriveSAC(SAC):
         model._bev_clip = None
         if reward_fn is not None:
             model.reward_name = getattr(reward_fn, "name", None)
+            if getattr(model, "reward_service", None) is not None and hasattr(reward_fn, "use_service"):
+                reward_fn.use_service(model.reward_service)
             if getattr(model, "encoder", None) and model.encoder.get("kind", "bev_clip") != "bev_clip" \
                     and needs_embedding(reward_fn):
                 model.bev_clip()  # binds the encoder's text tower to the reward

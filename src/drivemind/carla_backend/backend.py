@@ -258,6 +258,8 @@ class CarlaBackend:
         self._destroy_episode_actors()
         self.interrupted = ""
         x, y, yaw = pose
+        if self._ego_bp.has_attribute("role_name"):  # (a client may hand out shared blueprints)
+            self._ego_bp.set_attribute("role_name", "hero")
         ego = world.try_spawn_actor(self._ego_bp, self._transform(x, y, yaw))
         if ego is None:
             raise CarlaBackendError(

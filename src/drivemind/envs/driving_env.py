@@ -277,7 +277,17 @@ class DriveEnv(gym.Env):
                            bool(termination) and termination != "arrived")
         info.update(termination=termination, truncation=truncation, route_index=self.route_index,
                     arrived=bool(arrived))
+        front = self.front_rgb()
+        if front is not None:  # the backend's forward camera (CARLA with sim.carla.camera)
+            info["front_rgb"] = front
         return obs, float(reward), bool(termination), bool(truncation), info
+
+    def front_rgb(self):
+        """The backend's forward camera frame for the current step (HxWx3 uint8), or None when it
+        has none (the embedded simulator; CARLA without ``sim.carla.camera.enabled``). Steps put
+        it in ``info["front_rgb"]`` (DriveVLM-RL's dynamic pathway reads it)."""
+        get = getattr(self.world, "front_rgb", None)
+        return get() if callable(get) else None
 
     def _new_route(self, snap):
         c = self.cfg
