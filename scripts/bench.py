@@ -52,6 +52,15 @@ reward-dist: the reward-distribution comparison (DriveMind's Table 3 check) betw
      whose options it passes on). reward-service: BEV-CLIP embedding throughput and latency in
      process vs through the reward service (scripts/bench_reward_service.py, options passed on).
 
+    python scripts/bench.py drivevlm-service [--reasoner tiny_qwen_vl --detector privileged]
+
+drivevlm-service: DriveVLM-RL's real model slots (default: the tiny random Qwen2.5-VL reasoner
+     behind the privileged gate) run inline in the learner's labelling, then in the reward
+     service's worker (algo.reward_service), the same DriveSAC run otherwise (density drivevlm,
+     one gradient step per env step). Reports env_steps_per_s, label_ms_per_step (learner time in
+     labelling, waits included), gate_rate, the worker's batches and latency, and ratio
+     (service / inline).
+
     python scripts/bench.py learn [--run-dir <a finished experiment=learning_check run>]
 
 learn: SAC with the kinematic reward on the built-in grid town without traffic
@@ -408,6 +417,63 @@ def bench_reward(args) -> dict:
     }
 
 
+def bench_drivevlm_service(args) -> dict:
+    """DriveVLM-RL's real model slots inline (in the learner's labelling) vs in the reward service's
+    worker: env steps/s and learner milliseconds per env step spent labelling (waits included),
+    the same DriveSAC run otherwise."""
+    import gymnasium as gym
+    import torch as th
+
+    import drivemind  # noqa: F401
+    from drivemind.agents import DriveSAC
+    from drivemind.rewards import make_reward
+
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "YOLO_OFFLINE"):
+        os.environ.setdefault(k, "1")
+    if args.threads:
+        th.set_num_threads(args.threads)
+    common = dict(buffer_size=args.buffer_size, batch_size=args.batch_size, learning_starts=args.warmup,
+                  train_freq=args.train_freq, gradient_steps=args.train_freq, seed=args.seed, verbose=0)
+    out: dict = {"detector": args.detector, "reasoner": args.reasoner, "density": args.density,
+                 "steps": args.steps, "train_freq": args.train_freq, "machine": machine()}
+    for mode in ("inline", "service"):
+        reward = make_reward("drivevlm_rl", detector=args.detector, reasoner=args.reasoner)
+        synth = reward.parts["synth"][1]
+        svc = {"max_batch": 32, "max_wait_ms": 10.0, "threads": 1} if mode == "service" else None
+        m = DriveSAC(env=gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev),
+                     reward_fn=reward, reward_service=svc, **common)
+        spent = [0.0]
+        label = m.label_pending
+
+        def timed_label(label=label, spent=spent):
+            t = time.perf_counter()
+            try:
+                return label()
+            finally:
+                spent[0] += time.perf_counter() - t
+        m.label_pending = timed_label
+        m.learn(args.warmup + args.train_freq)  # untimed: fills the buffer, builds models and workers
+        spent[0] = 0.0
+        seen0 = synth.seen
+        t = time.perf_counter()
+        m.learn(args.steps, reset_num_timesteps=False)
+        wall = time.perf_counter() - t
+        st = synth.stats()
+        row = {"env_steps_per_s": round(args.steps / wall, 2),
+               "label_ms_per_step": round(1e3 * spent[0] / args.steps, 1),
+               "gate_rate": round(st["drivevlm/gate_rate"], 3), "labelled_rows": synth.seen - seen0,
+               "pending_at_end": m.replay_buffer.counts()["pending"]}
+        if synth._service is not None:
+            w = synth._service.stats()
+            row["worker"] = {k: round(float(w[k]), 2) for k in ("requests", "batches", "mean_batch_size",
+                                                                 "latency_mean_ms", "latency_p95_ms",
+                                                                 "worker_busy_share")}
+        m.close_service()
+        out[mode] = row
+    out["ratio"] = round(out["service"]["env_steps_per_s"] / out["inline"]["env_steps_per_s"], 2)
+    return out
+
+
 def _learning_curve(episodes_csv: Path, out_png: Path) -> list[dict]:
     """Per-episode rows of a run (logs/episodes.csv) and a plot of distance and completion."""
     import csv
@@ -543,6 +609,20 @@ def main(argv=None):
                    help="drivemind embeds through the reward service process (algo.reward_service)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("drivevlm-service", help="DriveVLM-RL's real detector/reasoner inline vs in the "
+                                                "reward service's worker: env steps/s, learner labelling ms")
+    p.add_argument("--town", default="grid")
+    p.add_argument("--density", default="drivevlm")
+    p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
+    p.add_argument("--detector", default="privileged", help="privileged or yolo (vision extra)")
+    p.add_argument("--reasoner", default="tiny_qwen_vl", help="tiny_qwen_vl, qwen_vl or privileged")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--buffer-size", type=int, default=20_000)
+    p.add_argument("--warmup", type=int, default=200, help="env steps before timing (untimed)")
+    p.add_argument("--train-freq", type=int, default=10, help="env steps per training round")
+    p.add_argument("--steps", type=int, default=300, help="env steps timed")
+    p.add_argument("--threads", type=int, default=1, help="torch threads in the learner")
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("learn", help="the SAC learning check: train on a built-in town without traffic "
                                      "(experiment=learning_check), then route completion on its fixed routes")
     p.add_argument("--run-dir", default=None, help="evaluate this finished learning_check run instead of training")
@@ -556,7 +636,8 @@ def main(argv=None):
                                           "(scripts/bench_reward_service.py; its options follow)")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
-              "train": bench_train, "reward": bench_reward, "learn": bench_learn}[args.what](args)
+              "train": bench_train, "reward": bench_reward, "learn": bench_learn,
+              "drivevlm-service": bench_drivevlm_service}[args.what](args)
     print(json.dumps(result))
     return result
 
