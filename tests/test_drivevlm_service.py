@@ -204,3 +204,22 @@ def test_train_through_config_with_the_service(tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "finished" and s["reward"] == "drivevlm_rl"
     assert "worker died" not in p.stderr and "failed a batch" not in p.stderr
+
+
+def test_yolo_detector_runs_in_the_worker():
+    """detector=yolo (ultralytics, a model built from yolov8n.yaml with random weights) in the
+    worker: every transition goes out (the detector decides the gate), all come back."""
+    pytest.importorskip("ultralytics", reason="needs the vision extra (ultralytics)")
+    synth = make_reward("drivevlm_rl", detector="yolo",
+                        detector_kwargs={"model": "yolov8n.yaml", "imgsz": 64}).parts["synth"][1]
+    synth.use_service(SERVICE)
+    frames = _frames(5)
+    try:
+        ctx = _ctx(frames, timeout=None)
+        out = synth.prepare(ctx)
+        assert ctx.ready == 5 and synth.labelled_remote == 5
+        assert set(out["dyn_gate"].tolist()) <= {0, 1}
+        # the privileged reasoner on YOLO's detections always names a vocabulary sentence
+        assert np.array_equal(out["dyn_risk"] >= 0, out["dyn_gate"] == 1) and synth.unmatched == 0
+    finally:
+        synth.close()
