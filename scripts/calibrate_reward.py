@@ -34,7 +34,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 CALIBRATABLE = ("vlm_rl", "drivevlm_rl")  # rewards with a part that has calibration_values / calibrate
-MIX = (("expert", 0.45), ("drift", 0.25), ("rush", 0.20), ("brake", 0.10))
 
 
 def compose(overrides: list[str]) -> dict:
@@ -55,12 +54,13 @@ def drive_frames(cfg: dict, town: str, density: str, steps: int, seed: int, ever
     collision frame. Returns (frames uint8 (N, C, H, W), infos)."""
     import drivemind  # noqa: F401
     from drivemind.envs import DriveEnv
+    from drivemind.sim.autopilot import PERTURBATIONS, perturb_expert
     from drivemind.training.build import env_kwargs
 
     env = DriveEnv(town, density, **env_kwargs(cfg))
     rng = np.random.default_rng(seed)
     obs, info = env.reset(seed=seed)
-    names, probs = zip(*MIX)
+    names, probs = zip(*PERTURBATIONS)
     frames, infos = [], []
     mode, left, bias = "expert", 0, 0.0
     for t in range(steps):
@@ -69,16 +69,9 @@ def drive_frames(cfg: dict, town: str, density: str, steps: int, seed: int, ever
             left = int(rng.integers(10, 40))
             bias = float(rng.choice([-1, 1]) * rng.uniform(0.05, 0.3))
         left -= 1
-        a = env.expert_action().astype(np.float64)
-        if perturb:
-            a[0] += rng.normal(0, 0.05)
-            if mode == "drift":
-                a[0] += bias
-            elif mode == "rush":
-                a[1] = 1.0
-            elif mode == "brake":
-                a[1] = -1.0
-        obs, _, term, trunc, info = env.step(np.clip(a, -1, 1))
+        a = env.expert_action()
+        a = perturb_expert(a, mode, bias, rng) if perturb else np.clip(a, -1, 1)
+        obs, _, term, trunc, info = env.step(a)
         if t % every == 0 or info["collision"] > 0:
             frames.append(obs["bev"])
             infos.append(info)

@@ -62,6 +62,7 @@ def collect(town: str, density: str, steps: int, seed: int, every: int = 2, segm
     import gymnasium as gym
 
     import drivemind  # noqa: F401  (registers DriveMind-v0)
+    from drivemind.sim.autopilot import perturb_expert
 
     env = gym.make("DriveMind-v0", town=town, density=density, bev=bev)
     rng = np.random.default_rng(seed)
@@ -69,22 +70,15 @@ def collect(town: str, density: str, steps: int, seed: int, every: int = 2, segm
     frames, infos, segs = [], [], []
     mode, left, bias = "expert", 0, 0.0
     for t in range(steps):
-        if left <= 0:  # choose the next perturbation episode
-            u = rng.random()
+        if left <= 0:  # the next perturbation episode: PERTURBATIONS' shares as cumulative
+            u = rng.random()  # thresholds on one draw (a seed's frames stay what they were)
             mode = ("expert" if u < 0.45 else "drift" if u < 0.7 else "rush" if u < 0.9
                     else "brake")
             left = int(rng.integers(10, 40))
             bias = float(rng.choice([-1, 1]) * rng.uniform(0.05, 0.3))
         left -= 1
-        a = env.unwrapped.expert_action().astype(np.float64)
-        a[0] += rng.normal(0, 0.05)
-        if mode == "drift":
-            a[0] += bias
-        elif mode == "rush":
-            a[1] = 1.0
-        elif mode == "brake":
-            a[1] = -1.0
-        obs, _, term, trunc, info = env.step(np.clip(a, -1, 1))
+        a = perturb_expert(env.unwrapped.expert_action(), mode, bias, rng)
+        obs, _, term, trunc, info = env.step(a)
         if t % every == 0 or info["collision"] > 0:
             if out is None:
                 frames.append(obs["bev"])

@@ -430,3 +430,21 @@ def autopilot_episode(rm: RoadMap, config: SimConfig, seed: int, max_length: flo
     route = random_route(rm, rng, max_length=max_length)
     snap = world.reset(seed=seed, ego_pose=route.start)
     return world, rng, snap, Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+
+
+PERTURBATIONS = (("expert", 0.45), ("drift", 0.25), ("rush", 0.20), ("brake", 0.10))  # share of episodes
+
+
+def perturb_expert(action, mode: str, bias: float, rng: np.random.Generator) -> np.ndarray:
+    """The expert's action with the frame collectors' perturbation (scripts/train_bev_clip.py,
+    scripts/calibrate_reward.py): steering noise N(0, 0.05) always, plus a steering ``bias`` in
+    ``drift``, full throttle in ``rush``, full brake in ``brake``; clipped to [-1, 1]."""
+    a = np.asarray(action, np.float64).copy()
+    a[0] += rng.normal(0, 0.05)
+    if mode == "drift":
+        a[0] += bias
+    elif mode == "rush":
+        a[1] = 1.0
+    elif mode == "brake":
+        a[1] = -1.0
+    return np.clip(a, -1, 1)
