@@ -269,6 +269,21 @@ def _replay_bytes(buf) -> float:
     return sum(a.nbytes for a in arrays) / (buf.buffer_size * buf.n_envs)
 
 
+def _alternate_rounds(models: dict, warmup: int, steps: int, rounds: int) -> dict[str, list[float]]:
+    """Fill each model past ``warmup`` env steps (untimed), then time ``rounds`` rounds of
+    ``steps`` env steps, alternating between the models so they see the same machine state.
+    Returns env steps/s per round for each."""
+    for m in models.values():
+        m.learn(warmup + 1)
+    rates = {k: [] for k in models}
+    for _ in range(rounds):
+        for k, m in models.items():
+            t = time.perf_counter()
+            m.learn(steps, reset_num_timesteps=False)
+            rates[k].append(steps / (time.perf_counter() - t))
+    return rates
+
+
 def bench_train(args) -> dict:
     import statistics
 
@@ -294,14 +309,7 @@ def bench_train(args) -> dict:
         "sb3": SAC("MultiInputPolicy", env(), **common),
     }
     obs_shape = list(models["sb3"].observation_space["bev"].shape)
-    for m in models.values():  # fill the buffer past learning_starts, untimed
-        m.learn(args.warmup + 1)
-    rates = {k: [] for k in models}
-    for _ in range(args.rounds):  # alternate, so both see the same machine state
-        for k, m in models.items():
-            t = time.perf_counter()
-            m.learn(args.steps, reset_num_timesteps=False)
-            rates[k].append(args.steps / (time.perf_counter() - t))
+    rates = _alternate_rounds(models, args.warmup, args.steps, args.rounds)
     ours, sb3 = (statistics.median(rates[k]) for k in ("drivemind", "sb3"))
     bpt = {k: _replay_bytes(m.replay_buffer) for k, m in models.items()}
     return {
@@ -343,14 +351,7 @@ def bench_reward(args) -> dict:
     service = {"max_batch": 32, "max_wait_ms": 10.0} if args.service else None
     models = {"drivemind": DriveSAC(env=env(), reward_fn=dm, reward_service=service, **common),
               "chen": DriveSAC(env=env(), reward_fn=make_reward("chen"), **common)}
-    for m in models.values():  # fill past learning_starts (and the novelty warm-up), untimed
-        m.learn(args.warmup + 1)
-    rates = {k: [] for k in models}
-    for _ in range(args.rounds):
-        for k, m in models.items():
-            t = time.perf_counter()
-            m.learn(args.steps, reset_num_timesteps=False)
-            rates[k].append(args.steps / (time.perf_counter() - t))
+    rates = _alternate_rounds(models, args.warmup, args.steps, args.rounds)  # (+ the novelty warm-up)
     ours, chen = (statistics.median(rates[k]) for k in ("drivemind", "chen"))
     models["drivemind"].close_service()
 
