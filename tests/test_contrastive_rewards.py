@@ -22,25 +22,14 @@ from drivemind.rewards import (LORD, REWARDS, VLMRM, VLMSR, Composite, LORDSpeed
                                make_reward, reward_params)
 from drivemind.rewards.base import LabelContext
 from drivemind.rewards.contrastive import CLG, PAPER_WINDOW, unit_rows
+from table_text import TableText
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class FakeText:
-    """Prompt -> fixed vector (unit-normalised), counts encode calls."""
-
-    def __init__(self, table):
-        self.table = {k: np.asarray(v, np.float64) / np.linalg.norm(v) for k, v in table.items()}
-        self.calls = 0
-
-    def encode(self, texts):
-        self.calls += 1
-        return np.stack([self.table[t] for t in texts])
-
-
 E = np.eye(4)
-TEXT = FakeText({"pos": E[0], "neg": E[1], "goal": E[0], "bad": E[1], "other": E[2],
+TEXT = TableText({"pos": E[0], "neg": E[1], "goal": E[0], "bad": E[1], "other": E[2],
                  "target": E[0], "base": [1.0, 1.0, 0, 0]})
 S2 = math.sqrt(0.5)
 # rows: cos to (E0, E1) = (1, 0), (0, 1), (0.6, 0.8), (0, 0), (-1, 0)
@@ -252,14 +241,14 @@ def test_never_embedded_frames_are_nan_and_dimensions_checked():
 
 
 def test_prompts_cached_rebound_and_pickled():
-    text = FakeText(TEXT.table)
+    text = TableText(TEXT.table)
     r = LORD("neg", text_encoder=text)
     r({"embedding": V})
     r({"embedding": V})
     assert text.calls == 1
     r.negative = "pos"
     assert np.allclose(r({"embedding": V}), 1 - COS0) and text.calls == 2
-    other = FakeText({"neg": E[2], "pos": E[0]})
+    other = TableText({"neg": E[2], "pos": E[0]})
     r.bind_encoder(other)
     r.negative = "neg"
     assert np.allclose(r({"embedding": V}), 1.0) and other.calls == 1

@@ -9,25 +9,14 @@ import pytest
 import drivemind  # noqa: F401
 from drivemind.agents import LABELLED, DriveSAC
 from drivemind.rewards import REWARDS, AICRStatic, Composite, make_reward, reward_params
+from table_text import TableText
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class FakeText:
-    """Prompt -> fixed unit vector in 4-d; counts encode calls."""
-
-    def __init__(self, table):
-        self.table = {k: np.asarray(v, np.float64) / np.linalg.norm(v) for k, v in table.items()}
-        self.calls = 0
-
-    def encode(self, texts):
-        self.calls += 1
-        return np.stack([self.table[t] for t in texts])
-
-
 E = np.eye(4)
-TEXT = FakeText({"ideal": E[0], "present": E[1], "calm": E[2], "crash": [1.0, 1.0, 0, 0]})
+TEXT = TableText({"ideal": E[0], "present": E[1], "calm": E[2], "crash": [1.0, 1.0, 0, 0]})
 
 
 def test_aicr_static_by_hand():
@@ -56,7 +45,7 @@ def test_aicr_static_by_hand():
 
 
 def test_prompt_change_rescored_and_cached():
-    text = FakeText(TEXT.table)
+    text = TableText(TEXT.table)
     r = AICRStatic(present="present", ideal="ideal", text_encoder=text)
     v = np.array([E[1], E[2]])
     a = r({"embedding": v})
