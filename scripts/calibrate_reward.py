@@ -54,32 +54,20 @@ def drive_frames(cfg: dict, town: str, density: str, steps: int, seed: int, ever
     collision frame. Returns (frames uint8 (N, C, H, W), infos)."""
     import drivemind  # noqa: F401
     from drivemind.envs import DriveEnv
-    from drivemind.sim.autopilot import PERTURBATIONS, perturb_expert
+    from drivemind.sim.autopilot import PERTURBATIONS, expert_drive
     from drivemind.training.build import env_kwargs
 
     env = DriveEnv(town, density, **env_kwargs(cfg))
-    rng = np.random.default_rng(seed)
-    obs, info = env.reset(seed=seed)
+    env.reset(seed=seed)
     names, probs = zip(*PERTURBATIONS)
+    choose = (lambda rng: str(rng.choice(names, p=probs))) if perturb else None
     frames, infos = [], []
-    mode, left, bias = "expert", 0, 0.0
-    for t in range(steps):
-        if perturb and left <= 0:
-            mode = str(rng.choice(names, p=probs))
-            left = int(rng.integers(10, 40))
-            bias = float(rng.choice([-1, 1]) * rng.uniform(0.05, 0.3))
-        left -= 1
-        a = env.expert_action()
-        a = perturb_expert(a, mode, bias, rng) if perturb else np.clip(a, -1, 1)
-        obs, _, term, trunc, info = env.step(a)
+    for t, obs, info in expert_drive(env, steps, np.random.default_rng(seed), choose):
         if t % every == 0 or info["collision"] > 0:
             frames.append(obs["bev"])
             infos.append(info)
         if progress is not None:
             progress.update(1)
-        if term or trunc:
-            obs, info = env.reset()
-            mode, left = "expert", 0
     env.close()
     return np.stack(frames), infos
 

@@ -53,6 +53,13 @@ def bev_config(bev: str, channels: str | None = None, history: str | None = None
     return BevConfig.from_dict({**cfg.to_dict(), **over}) if over else cfg
 
 
+def _choose_mode(rng) -> str:
+    """The next perturbation episode: PERTURBATIONS' shares as cumulative thresholds on one
+    rng.random() draw (so a seed's frames stay what they were)."""
+    u = rng.random()
+    return "expert" if u < 0.45 else "drift" if u < 0.7 else "rush" if u < 0.9 else "brake"
+
+
 def collect(town: str, density: str, steps: int, seed: int, every: int = 2, segment: int = 100,
             progress=None, bev="cpu", out: np.ndarray | None = None):
     """Drive ``steps`` env steps; keep every ``every``-th frame (and every collision frame).
@@ -62,23 +69,12 @@ def collect(town: str, density: str, steps: int, seed: int, every: int = 2, segm
     import gymnasium as gym
 
     import drivemind  # noqa: F401  (registers DriveMind-v0)
-    from drivemind.sim.autopilot import perturb_expert
+    from drivemind.sim.autopilot import expert_drive
 
     env = gym.make("DriveMind-v0", town=town, density=density, bev=bev)
-    rng = np.random.default_rng(seed)
-    obs, info = env.reset(seed=seed)
+    env.reset(seed=seed)
     frames, infos, segs = [], [], []
-    mode, left, bias = "expert", 0, 0.0
-    for t in range(steps):
-        if left <= 0:  # the next perturbation episode: PERTURBATIONS' shares as cumulative
-            u = rng.random()  # thresholds on one draw (a seed's frames stay what they were)
-            mode = ("expert" if u < 0.45 else "drift" if u < 0.7 else "rush" if u < 0.9
-                    else "brake")
-            left = int(rng.integers(10, 40))
-            bias = float(rng.choice([-1, 1]) * rng.uniform(0.05, 0.3))
-        left -= 1
-        a = perturb_expert(env.unwrapped.expert_action(), mode, bias, rng)
-        obs, _, term, trunc, info = env.step(a)
+    for t, obs, info in expert_drive(env, steps, np.random.default_rng(seed), _choose_mode):
         if t % every == 0 or info["collision"] > 0:
             if out is None:
                 frames.append(obs["bev"])
@@ -88,9 +84,6 @@ def collect(town: str, density: str, steps: int, seed: int, every: int = 2, segm
             segs.append(f"{town}/{density}/{seed}/{t // segment}")
         if progress is not None:
             progress.update(1)
-        if term or trunc:
-            obs, info = env.reset()
-            mode, left = "expert", 0
     env.close()
     return (frames if out is None else out[:len(infos)]), infos, segs
 

@@ -448,3 +448,26 @@ def perturb_expert(action, mode: str, bias: float, rng: np.random.Generator) -> 
     elif mode == "brake":
         a[1] = -1.0
     return np.clip(a, -1, 1)
+
+
+def expert_drive(env, steps: int, rng: np.random.Generator, choose_mode=None):
+    """Drive a DriveMind env (already reset) ``steps`` steps with its expert, yielding
+    ``(t, obs, info)`` after each step and resetting at episode ends. With ``choose_mode(rng) ->
+    mode`` (one of ``PERTURBATIONS``' names), perturbation episodes of 10-40 steps are drawn and
+    applied by :func:`perturb_expert` (the frame collectors' drive); without it the expert drives
+    unperturbed and ``rng`` is not used."""
+    base = env.unwrapped
+    mode, left, bias = "expert", 0, 0.0
+    for t in range(steps):
+        if choose_mode is not None and left <= 0:
+            mode = choose_mode(rng)
+            left = int(rng.integers(10, 40))
+            bias = float(rng.choice([-1, 1]) * rng.uniform(0.05, 0.3))
+        left -= 1
+        a = base.expert_action()
+        a = perturb_expert(a, mode, bias, rng) if choose_mode is not None else np.clip(a, -1, 1)
+        obs, _, term, trunc, info = env.step(a)
+        yield t, obs, info
+        if term or trunc:
+            env.reset()
+            mode, left = "expert", 0
