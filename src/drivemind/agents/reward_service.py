@@ -58,7 +58,12 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 __all__ = ["BevClipEmbedder", "RewardService", "RewardServiceDead", "RewardServiceError",
-           "RewardWorkerError", "bev_clip_embedder"]
+           "RewardWorkerError", "SERVICE_DEFAULTS", "bev_clip_embedder"]
+
+# the agents' settings for their workers (``algo.reward_service``): micro-batch, wait, in-flight
+# bound, worker torch threads, and how long the learner waits for labels before failing clearly
+SERVICE_DEFAULTS = {"max_batch": 32, "max_wait_ms": 10.0, "max_pending": 256, "threads": 1,
+                    "wait_s": 120.0}
 
 LATENCY_WINDOW = 4096  # recent request latencies kept for the p95
 TRACEBACK_CHARS = 4000  # a worker traceback is cut to its last this-many characters

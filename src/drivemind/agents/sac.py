@@ -59,6 +59,7 @@ from .embedding import (ENCODERS, bev_shape, build_image_encoder, can_embed_rgb,
                         needs_embedding, needs_obs_embedding, run_prepare, sample_triples,
                         wants_view_embedding)
 from .extractor import DriveExtractor
+from .reward_service import SERVICE_DEFAULTS
 
 
 class DriveSACPolicy(MultiInputPolicy):
@@ -112,10 +113,6 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
     """Min-able stack of the critic heads' Q values (N x n_critics) on encoded features."""
     x = th.cat([features, actions], dim=1)
     return th.cat([q(x) for q in critic.q_networks], dim=1)
-
-
-SERVICE_DEFAULTS = {"max_batch": 32, "max_wait_ms": 10.0, "max_pending": 256, "threads": 1,
-                    "wait_s": 120.0}
 
 
 def _service_config(cfg) -> dict | None:

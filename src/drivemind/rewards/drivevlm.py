@@ -59,7 +59,6 @@ REASONERS = ("privileged", "qwen_vl", "tiny_qwen_vl")
 
 
 WINDOW = 4  # K + 1 frames for the reasoner
-SERVICE_KEYS = ("max_batch", "max_wait_ms", "max_pending", "threads", "wait_s")
 
 
 class DriveVLMLabeller:
@@ -214,17 +213,21 @@ class DriveVLMSynth(VLMRLSynth):
 
     def use_service(self, config: dict | None) -> None:
         """Run the real models in a worker process (``config``: the agent's reward-service
-        settings, ``SERVICE_KEYS``); None: inline. Nothing to do with privileged slots only."""
+        settings, ``SERVICE_DEFAULTS``' keys); None: inline. Nothing to do with privileged slots
+        only."""
         if not self.models_in_prepare:
             return
+        from ..agents.reward_service import SERVICE_DEFAULTS
+
         self.close()
-        self._service_cfg = None if config is None else {k: config[k] for k in SERVICE_KEYS if k in config}
+        self._service_cfg = (None if config is None else
+                             {**SERVICE_DEFAULTS, **{k: config[k] for k in SERVICE_DEFAULTS if k in config}})
 
     def service(self):
         """The worker process running :class:`DriveVLMLabeller` (started on first use)."""
         if self._service is None:
             from ..agents.reward_service import RewardService
-            c = {"max_batch": 32, "max_wait_ms": 10.0, "max_pending": 256, "threads": 1, **self._service_cfg}
+            c = self._service_cfg
             self._service = RewardService(self.labeller(c["threads"]), max_batch=c["max_batch"],
                                           max_wait_ms=c["max_wait_ms"], max_pending=c["max_pending"],
                                           name="drivevlm-models")
@@ -308,7 +311,7 @@ class DriveVLMSynth(VLMRLSynth):
         ``timeout`` None, until every transition seen has its answer."""
         from ..agents.reward_service import RewardServiceDead, RewardWorkerError
 
-        limit = self._service_cfg.get("wait_s", 120.0)
+        limit = self._service_cfg["wait_s"]
         t0 = time.monotonic()
         while True:
             try:
