@@ -48,6 +48,16 @@ def can_embed_rgb(encoder) -> bool:
     return callable(getattr(encoder, "embed_rgb", None))
 
 
+def warn_bev_only(encoder, reward_name, stacklevel: int = 3) -> None:
+    """The one warning for camera frames that the image encoder cannot embed (BEV-CLIP)."""
+    import warnings
+
+    warnings.warn(f"the env gives forward camera frames but the image encoder "
+                  f"({type(encoder).__name__}) embeds BEVs only: {reward_name!r} reads the BEV "
+                  f"embedding instead (vlm=openclip embeds the camera)", UserWarning,
+                  stacklevel=stacklevel + 1)
+
+
 def split_needs(reward_fn) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """``(facts, batch keys)`` of ``reward_fn.needs``: batch keys are :data:`BATCH_KEYS` and the
     reward's ``columns``, provided by the agent; the rest are facts from the env's ``info``."""
@@ -137,4 +147,4 @@ def sample_triples(obs_embedding: np.ndarray, action: np.ndarray, embedding: np.
 
 
 __all__ = ["BATCH_KEYS", "ENCODERS", "VIEW_KEY", "bev_shape", "build_image_encoder", "can_embed_rgb",
-           "check_encoder", "wants_view_embedding", "needs_embedding", "needs_obs_embedding", "run_prepare", "sample_triples", "split_needs"]
+           "check_encoder", "wants_view_embedding", "warn_bev_only", "needs_embedding", "needs_obs_embedding", "run_prepare", "sample_triples", "split_needs"]

@@ -90,7 +90,7 @@ from stable_baselines3.common.vec_env import VecEnv
 from ..rewards import Reward, make_reward
 from .embedding import (BATCH_KEYS, VIEW_KEY, bev_shape, build_image_encoder, can_embed_rgb,  # noqa: F401
                         check_encoder, needs_embedding, needs_obs_embedding, run_prepare,
-                        sample_triples, split_needs, wants_view_embedding)
+                        sample_triples, split_needs, wants_view_embedding, warn_bev_only)
 
 
 def as_reward(reward_fn) -> Reward:
@@ -360,10 +360,7 @@ class DrivePPO(PPO):
         enc = self.image_encoder()
         if not can_embed_rgb(enc):
             if not self._warned_views:
-                warnings.warn(f"the env gives forward camera frames but the image encoder "
-                              f"({type(enc).__name__}) embeds BEVs only: {self.reward_name!r} reads "
-                              f"the BEV embedding instead (vlm=openclip embeds the camera)",
-                              UserWarning, stacklevel=3)
+                warn_bev_only(enc, self.reward_name, stacklevel=4)
                 self._warned_views = True
             return
         if self.rollout_view_embeddings is None:

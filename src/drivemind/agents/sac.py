@@ -57,7 +57,7 @@ from torch.nn import functional as F
 from .buffer import LABELLED, PENDING, RelabelReplayBuffer
 from .embedding import (ENCODERS, bev_shape, build_image_encoder, can_embed_rgb, check_encoder,  # noqa: F401
                         needs_embedding, needs_obs_embedding, run_prepare, sample_triples,
-                        wants_view_embedding)
+                        wants_view_embedding, warn_bev_only)
 from .extractor import DriveExtractor
 from .reward_service import SERVICE_DEFAULTS
 
@@ -222,10 +222,7 @@ class DriveSAC(SAC):
         enc = self.bev_clip()
         if not can_embed_rgb(enc):
             if not getattr(self, "_warned_views", False):
-                warnings.warn(f"the env gives forward camera frames but the image encoder "
-                              f"({type(enc).__name__}) embeds BEVs only: {self.reward_name!r} reads the "
-                              f"BEV embedding instead (vlm=openclip embeds the camera)", UserWarning,
-                              stacklevel=2)
+                warn_bev_only(enc, self.reward_name)
                 self._warned_views = True
             return 0
         buf.enable_view_embeddings()
