@@ -246,9 +246,7 @@ class DriveVLMSynth(VLMRLSynth):
         from ..bev.renderer import masks_to_rgb
 
         b = ctx.batch
-        privileged_gate = self.detector_kind == "privileged"
-        if privileged_gate and not float(b["critical_count"][i]) > 0 and self.reasoner_kind == "privileged":
-            return None
+        privileged_gate = self.detector_kind == "privileged"  # (then the reasoner is a model)
         frame = ctx.frame(i)
         img = frame.get("rgb")
         if img is None:
