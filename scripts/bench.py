@@ -78,6 +78,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
@@ -475,74 +477,115 @@ def bench_drivevlm_service(args) -> dict:
     return out
 
 
-def _learning_curve(episodes_csv: Path, out_png: Path) -> list[dict]:
-    """Per-episode rows of a run (logs/episodes.csv) and a plot of distance and completion."""
+def _learning_curves(runs: dict[str, Path], out_png: Path) -> None:
+    """Per-episode curves of one or several runs (their logs/episodes.csv): task return, route
+    completion and mean speed against env steps (top) and wall time (bottom); each seed in its own
+    colour, with a 10-episode running mean."""
     import csv
 
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = list(csv.DictReader(open(episodes_csv)))
-    x = [int(r["timesteps"]) for r in rows]
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.4))
-    for a, key, label in ((ax[0], "distance_m", "distance per episode (m)"),
-                          (ax[1], "mean_speed_kmh", "mean speed (km/h)"),
-                          (ax[2], "routes_completed", "routes completed per episode")):
-        y = [float(r[key]) for r in rows]
-        a.plot(x, y, ".", alpha=0.35, color="tab:blue")
-        k = 10
-        if len(y) >= k:
-            a.plot(x[k - 1:], [sum(y[i - k + 1:i + 1]) / k for i in range(k - 1, len(y))], color="tab:red",
-                   label=f"mean of {k}")
-            a.legend(loc="upper left")
-        a.set_xlabel("env steps")
-        a.set_title(label)
+    keys = (("task_return", "task return per episode"), ("completion", "route completion per episode"),
+            ("mean_speed_kmh", "mean speed (km/h)"))
+    fig, ax = plt.subplots(2, 3, figsize=(14, 6.5))
+    for c, (name, run_dir) in enumerate(runs.items()):
+        f = run_dir / "logs" / "episodes.csv"
+        rows = list(csv.DictReader(open(f))) if f.exists() else []
+        for row_i, xkey in enumerate(("timesteps", "wall_s")):
+            x = [float(r.get(xkey) or 0) for r in rows]
+            for j, (key, title) in enumerate(keys):
+                a = ax[row_i, j]
+                if not rows or key not in rows[0]:
+                    continue
+                y = [float(r[key]) for r in rows]
+                a.plot(x, y, ".", alpha=0.2, color=f"C{c}")
+                k = 10
+                if len(y) >= k:
+                    a.plot(x[k - 1:], [sum(y[i - k + 1:i + 1]) / k for i in range(k - 1, len(y))],
+                           color=f"C{c}", label=name)
+                a.set_title(title)
+                a.set_xlabel("env steps" if xkey == "timesteps" else "wall time (s)")
+    for a in ax.ravel():
+        if a.get_legend_handles_labels()[0]:
+            a.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=110)
+    fig.savefig(out_png, dpi=100)
     plt.close(fig)
-    return rows
 
 
-def bench_learn(args) -> dict:
-    """SAC + kinematic reward on a built-in town without traffic (experiment=learning_check):
-    train (unless --run-dir names a finished run of it), then evaluate on the 10 fixed routes."""
+def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_dir: Path,
+              max_steps: int, train: bool = True) -> dict:
+    """Train one run (unless ``train`` is false: ``run_dir`` holds a finished one) and evaluate
+    its policy on the training town's 10 fixed routes. Returns the figures of ``bench.py learn``."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     import yaml
 
-    from drivemind.training import train
+    from drivemind.training import train as train_run
     from drivemind.training.build import town_density
     from drivemind.training.evaluate import evaluate_run
 
-    root = Path(__file__).resolve().parents[1]
-    if args.run_dir:
-        run_dir = Path(args.run_dir)
-        summary = json.loads((run_dir / "summary.json").read_text())
-    else:
+    if train:
         with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-            cfg = compose("config", overrides=["experiment=learning_check", "logger=quiet",
-                                               "progress_bar=false", f"seed={args.seed}", *args.override])
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-        run_dir = Path(args.out) / f"learning_check-s{args.seed}"
-        summary = train(cfg, run_dir)
+            cfg = compose("config", overrides=[f"experiment={experiment}", "logger=quiet",
+                                               "progress_bar=false", f"seed={seed}", *overrides])
+        summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    else:
+        summary = json.loads((run_dir / "summary.json").read_text())
     t = time.perf_counter()
-    res = evaluate_run(run_dir, video_route=0, max_steps_per_route=args.max_steps, progress=False)
+    res = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     town, density = town_density(cfg)
-    rows = _learning_curve(run_dir / "logs" / "episodes.csv", run_dir / "learning_curve.png")
     m = res["metrics"]
+    wall = float(summary.get("wall_s_total", summary["wall_s"]))
     return {
-        "what": "learn", "run_dir": str(run_dir), "town": town, "density": density,
-        "reward": cfg["reward"]["name"], "algo": cfg["algo"]["name"], "bev": cfg["obs"]["bev"],
-        "train_steps": summary["steps"], "train_minutes": round(summary.get("wall_s_total", summary["wall_s"]) / 60, 1),
-        "episodes": len(rows), "route_completion": m["RC"], "success_rate": m["SR"],
-        "collision_rate": m["CR"], "mean_speed_kmh": m["AS"], "route_progress": m["completion"],
-        "eval_minutes": round((time.perf_counter() - t) / 60, 1),
-        "curve": str(run_dir / "learning_curve.png"), **machine(),
+        "run_dir": str(run_dir), "seed": seed, "town": town, "density": density,
+        "reward": cfg["reward"]["name"], "algo": cfg["algo"]["name"],
+        "features": (cfg.get("obs") or {}).get("features"), "bev": cfg["obs"]["bev"],
+        "env_steps": int(summary["steps"]), "wall_s": round(wall, 1),
+        "env_steps_per_s": round(summary["steps"] / max(wall, 1e-9), 1), "status": summary["status"],
+        "route_completion": m["RC"], "success_rate": m["SR"], "collision_rate": m["CR"],
+        "mean_speed_kmh": m["AS"], "route_progress": m["completion"],
+        "train_episodes": (summary.get("episode_metrics") or {}).get("episodes"),
+        "eval_s": round(time.perf_counter() - t, 1),
     }
+
+
+def bench_learn(args) -> dict:
+    """Learning speed: train for ``--minutes`` of wall time with the fast settings
+    (``experiment=fast`` unless ``--experiment``), per seed, then evaluate on the training town's
+    10 fixed routes; route completion, success and collision rates, env steps and steps/s, and
+    curves (PNG) against env steps and wall time for all seeds."""
+    root = Path(__file__).resolve().parents[1]
+    seeds = [int(x) for x in str(args.seeds).split(",")] if args.seeds else [args.seed]
+    overrides = [f"reward={args.reward}", f"town={args.town}", f"density={args.density}"] if not args.run_dir else []
+    if args.minutes and not args.run_dir:
+        overrides += [f"max_minutes={args.minutes}", f"total_timesteps={args.max_env_steps}"]
+    overrides += list(args.override)
+    out = Path(args.out)
+    runs, rows = {}, []
+    for seed in seeds:
+        if args.run_dir:
+            run_dir = Path(args.run_dir)
+        else:
+            run_dir = out / f"learn-{args.experiment}-{args.reward}-{args.town}-{args.density}-s{seed}"
+        rows.append(learn_one(root, args.experiment, seed, overrides, run_dir, args.max_steps,
+                              train=not args.run_dir))
+        runs[f"seed {seed}"] = run_dir
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    curve = (Path(args.run_dir) if args.run_dir else out) / (
+        f"learn-{args.experiment}-{args.reward}-{args.town}-{args.density}.png")
+    _learning_curves(runs, curve)
+    mean = {k: round(float(np.mean([r[k] for r in rows])), 3)
+            for k in ("route_completion", "success_rate", "collision_rate", "mean_speed_kmh",
+                      "env_steps", "wall_s", "env_steps_per_s")}
+    return {"what": "learn", "experiment": args.experiment, "reward": rows[0]["reward"],
+            "town": rows[0]["town"], "density": rows[0]["density"], "minutes": args.minutes,
+            "seeds": seeds, **mean, "per_seed": rows, "curve": str(curve), **machine()}
 
 
 def _script_main(name: str, argv: list[str]) -> dict:
@@ -624,13 +667,21 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=300, help="env steps timed")
     p.add_argument("--threads", type=int, default=1, help="torch threads in the learner")
     p.add_argument("--seed", type=int, default=0)
-    p = sub.add_parser("learn", help="the SAC learning check: train on a built-in town without traffic "
-                                     "(experiment=learning_check), then route completion on its fixed routes")
-    p.add_argument("--run-dir", default=None, help="evaluate this finished learning_check run instead of training")
-    p.add_argument("--out", default="outputs/bench", help="where the training run goes")
+    p = sub.add_parser("learn", help="learning speed: train for --minutes of wall time with the fast "
+                                     "settings (experiment=fast), then RC/SR/CR on the town's fixed routes")
+    p.add_argument("--reward", default="drivemind_kinematic")
+    p.add_argument("--town", default="Town02")
+    p.add_argument("--density", default="regular")
+    p.add_argument("--minutes", type=float, default=15.0, help="wall-time budget of training per seed")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default=None, help="comma-separated seeds, run one after the other")
+    p.add_argument("--experiment", default="fast", help="experiment config (fast, learning_check, ...)")
+    p.add_argument("--max-env-steps", type=int, default=10_000_000,
+                   help="total_timesteps (the wall-time budget stops the run first)")
+    p.add_argument("--run-dir", default=None, help="evaluate this finished run instead of training")
+    p.add_argument("--out", default="outputs/bench", help="where the training runs go")
     p.add_argument("--max-steps", type=int, default=6000, help="step limit per evaluation route")
-    p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. total_timesteps=50000")
+    p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.batch_size=128")
     sub.add_parser("reward-dist", help="reward distribution W1/KS between two towns "
                                        "(scripts/reward_distribution.py; its options follow)")
     sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "

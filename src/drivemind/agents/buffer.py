@@ -98,7 +98,8 @@ class RelabelReplayBuffer(ReplayBuffer):
                  handle_timeout_termination: bool = True, fact_keys: tuple[str, ...] | None = None,
                  embedding_dim: int = 0, palette_size: int = 64, scale_images: bool = False,
                  check_memory: bool = True, obs_embeddings: bool = False,
-                 columns: dict | None = None, keep_views: bool = False, max_views: int = 1024):
+                 columns: dict | None = None, keep_views: bool = False, max_views: int = 1024,
+                 store_images: bool = True, sample_images: bool = True):
         if not isinstance(observation_space, spaces.Dict):
             raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -112,13 +113,17 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.embedding_dim = int(embedding_dim)
         self.scale_images = bool(scale_images)  # sample() gives images as float32 in [0, 1]
         n, e = self.buffer_size, n_envs
-        self.image_keys = [k for k, sp in observation_space.spaces.items()
-                           if sp.dtype == np.uint8 and len(sp.shape) == 3]
+        images = [k for k, sp in observation_space.spaces.items() if sp.dtype == np.uint8 and len(sp.shape) == 3]
+        # store_images=False: a policy that reads no images (the fast path's frozen features) and
+        # a reward that embeds no frames: the masks are not kept at all
+        self.store_images = bool(store_images)
+        self.sample_images = bool(sample_images) and self.store_images  # decoded by sample()
+        self.image_keys = images if self.store_images else []
         self.codecs = {k: PaletteCodec(observation_space[k].shape, palette_size) for k in self.image_keys}
         self.codes = {k: np.zeros((n, e, c.HW), np.uint8) for k, c in self.codecs.items()}
         self.palettes = {k: np.zeros((n, e, c.P, c.C), np.uint8) for k, c in self.codecs.items()}
         self.vectors = {k: np.zeros((n, e, *sp.shape), sp.dtype)
-                        for k, sp in observation_space.spaces.items() if k not in self.codecs}
+                        for k, sp in observation_space.spaces.items() if k not in images}
         self.actions = np.zeros((n, e, self.action_dim), np.float32)
         self.rewards = np.zeros((n, e), np.float32)
         self.dones = np.zeros((n, e), np.float32)
@@ -388,11 +393,11 @@ class RelabelReplayBuffer(ReplayBuffer):
 
     # ------------------------------------------------------------------ reading
     def _read_rows(self, rows: np.ndarray, envs: np.ndarray, terminal: dict[int, int],
-                   scaled: bool = False) -> dict:
+                   scaled: bool = False, images: bool = True) -> dict:
         """Decoded observations at (rows, envs); positions listed in ``terminal`` (position ->
-        slot) come from the terminal side table instead."""
+        slot) come from the terminal side table instead. ``images=False``: vector keys only."""
         out = {}
-        for k, codec in self.codecs.items():
+        for k, codec in (self.codecs.items() if images else ()):
             codes = self.codes[k][rows, envs]
             pals = self.palettes[k][rows, envs]
             raw_at = {}
@@ -433,7 +438,8 @@ class RelabelReplayBuffer(ReplayBuffer):
         terminal = {i: int(s) for i, s in enumerate(slots) if done[i] and int(s) in self.terminal}
         # one decode for obs and next obs together
         both = self._read_rows(np.concatenate([rows, nxt_rows]), np.concatenate([envs, envs]),
-                               {i + len(rows): s for i, s in terminal.items()}, self.scale_images)
+                               {i + len(rows): s for i, s in terminal.items()}, self.scale_images,
+                               images=self.sample_images)
         b = len(rows)
         dev = self.device
         obs = {k: v[:b].to(dev) for k, v in both.items()}

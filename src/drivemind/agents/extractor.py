@@ -60,3 +60,25 @@ class DriveExtractor(BaseFeaturesExtractor):
         parts = [self.bev_fc(self.cnn(obs["bev"]))]
         parts += [mlp(obs[k]) for k, mlp in self.mlps.items()]
         return th.cat(parts, dim=1)
+
+
+class FeatureExtractor(BaseFeaturesExtractor):
+    """The fast path's extractor: no CNN. It reads the frozen BEV encoder's ``bev_features``
+    (computed once per frame in the env, ``obs.features=bev_encoder``) and the vector inputs
+    (ego, waypoints), flattened and concatenated; the actor and critic heads are the MLPs. It
+    never reads ``bev``, so the replay buffer does not decode (or, with a reward that needs no
+    frames, even store) the masks."""
+
+    reads_bev = False
+
+    def __init__(self, observation_space: gym.spaces.Dict):
+        if not isinstance(observation_space, gym.spaces.Dict) or "bev_features" not in observation_space.spaces:
+            raise ValueError("policy_kwargs.extractor=features needs the BEV encoder's features in the "
+                             "observation: set obs.features=bev_encoder (experiment=fast does)")
+        self.keys = [k for k, sp in observation_space.spaces.items()
+                     if k != "bev" and not (sp.dtype == np.uint8 and len(sp.shape) == 3)]
+        dim = sum(int(np.prod(observation_space[k].shape)) for k in self.keys)
+        super().__init__(observation_space, features_dim=dim)
+
+    def forward(self, obs: dict[str, th.Tensor]) -> th.Tensor:
+        return th.cat([obs[k].flatten(1).float() for k in self.keys], dim=1)

@@ -166,6 +166,13 @@ class DriveSAC(SAC):
                 replay_buffer_kwargs.setdefault("obs_embeddings", True)
             if wants_view_embedding(reward_fn):
                 replay_buffer_kwargs.setdefault("keep_views", True)
+        ext = (kwargs.get("policy_kwargs") or {}).get("features_extractor_class")
+        if (ext is not None and not getattr(ext, "reads_bev", True)
+                and issubclass(replay_buffer_class, RelabelReplayBuffer)):
+            # the fast path: the policy reads the frozen encoder's features, never the masks; they
+            # are stored only for a reward that embeds frames, and never decoded to sample
+            replay_buffer_kwargs = {"sample_images": False, "store_images": needs_embedding(reward_fn),
+                                    **(replay_buffer_kwargs or {})}
         if getattr(reward_fn, "columns", None) and issubclass(replay_buffer_class, RelabelReplayBuffer):
             replay_buffer_kwargs = {"columns": dict(reward_fn.columns), **(replay_buffer_kwargs or {})}
         super().__init__(policy, env, replay_buffer_class=replay_buffer_class,

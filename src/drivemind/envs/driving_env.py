@@ -125,7 +125,7 @@ class DriveEnv(gym.Env):
 
     def __init__(self, town: str = "grid", density: str = "regular", *, mode: str = "train",
                  backend: str = "lite", sim=None, bev=None, config=None, routes_file=None,
-                 map_path=None, render_mode: str | None = None, carla=None, **overrides):
+                 map_path=None, render_mode: str | None = None, carla=None, features=None, **overrides):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if backend not in BACKENDS:
@@ -165,6 +165,13 @@ class DriveEnv(gym.Env):
                               dtype=np.float32),
             "waypoints": spaces.Box(-1.0, 1.0, (c.waypoints, 2), np.float32),
         })
+        # features=<encoder>: the frozen BEV encoder's features of each frame (the fast path)
+        self.features = None
+        if features:
+            from ..bev.encoder import BevEncoder
+            self.features = BevEncoder.load(features, bev_shape=self.bev_cfg.shape)
+            self.observation_space.spaces["bev_features"] = spaces.Box(-1.0, 1.0, (self.features.dim,),
+                                                                       np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
         self._pilot = None
         self.snapshot: WorldSnapshot | None = None
@@ -307,7 +314,10 @@ class DriveEnv(gym.Env):
         ego = np.array([min(e.speed / c.speed_scale, self.observation_space["ego"].high[0]),
                         e.steer, min(max(e.yaw_rate, -5.0), 5.0)], np.float32)
         wp = self.tracker.waypoints(e.x, e.y, e.yaw, c.waypoints, c.waypoint_spacing)
-        return {"bev": bev, "ego": ego, "waypoints": wp}
+        obs = {"bev": bev, "ego": ego, "waypoints": wp}
+        if self.features is not None:
+            obs["bev_features"] = self.features.encode(bev)
+        return obs
 
     def _overtakes(self, snap: WorldSnapshot) -> int:
         """Vehicles that went from ahead of the ego's front to behind its rear since the last step,

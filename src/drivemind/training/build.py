@@ -30,9 +30,12 @@ def env_kwargs(cfg: dict) -> dict:
     carla = sim.pop("carla", None)  # sim=carla: where the server is (configs/sim/carla.yaml)
     sim.pop("name", None)
     bev = obs.pop("bev", None)
+    features = obs.pop("features", None)  # obs.features=bev_encoder: the fast path's frozen encoder
     if isinstance(bev, dict):  # null entries mean "the preset's value"
         bev = {k: v for k, v in bev.items() if v is not None}
     kw: dict[str, Any] = {"backend": backend, "sim": sim or None, "bev": bev}
+    if features:
+        kw["features"] = features
     if carla is not None:
         kw["carla"] = carla
     obs.pop("name", None)
@@ -98,11 +101,17 @@ def make_reward_from_cfg(cfg: dict):
 
 
 def _policy_kwargs(algo: dict) -> dict:
-    from ..agents import DriveExtractor
+    from ..agents import DriveExtractor, FeatureExtractor
 
     pk = dict(algo.pop("policy_kwargs", None) or {})
-    if pk.pop("extractor", "drive") == "drive":
+    kind = pk.pop("extractor", "drive")
+    if kind == "drive":
         pk.setdefault("features_extractor_class", DriveExtractor)
+    elif kind == "features":  # the fast path: MLP heads over the frozen encoder's features
+        pk.setdefault("features_extractor_class", FeatureExtractor)
+        pk.pop("features_extractor_kwargs", None)
+    else:
+        raise ValueError(f"unknown algo.policy_kwargs.extractor {kind!r}; valid: drive, features")
     return pk
 
 

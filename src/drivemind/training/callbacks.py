@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,26 @@ class CheckpointEvery(BaseCallback):
         return True
 
 
+class StopAfter(BaseCallback):
+    """Stop learning after ``minutes`` of wall time (``max_minutes``: a time budget, e.g. the
+    learning benchmark's; the caller saves as at any stop). ``None``/0: no limit."""
+
+    def __init__(self, minutes: float | None):
+        super().__init__()
+        self.seconds = float(minutes) * 60.0 if minutes else None
+        self.reached = False
+        self._t0 = 0.0
+
+    def _on_training_start(self):
+        self._t0 = time.perf_counter()
+
+    def _on_step(self) -> bool:
+        if self.seconds is not None and time.perf_counter() - self._t0 >= self.seconds:
+            self.reached = True
+            return False
+        return True
+
+
 class StopOnSignal(BaseCallback):
     """On SIGINT (Ctrl-C) or SIGTERM: finish the current step, stop learning; the caller saves.
     A second Ctrl-C interrupts the step at once (the caller still saves)."""
@@ -123,7 +144,9 @@ class EpisodeMetrics(BaseCallback):
 
     def _on_training_start(self):
         n = self.training_env.num_envs
+        self._t0 = time.perf_counter()
         self._acc = [EpisodeAccumulator() for _ in range(n)]
+        self._ret = [0.0] * n  # the env's task reward summed over the episode (curves)
         for a in self._acc:
             a.start(None)
 
@@ -131,8 +154,10 @@ class EpisodeMetrics(BaseCallback):
         infos, dones = self.locals["infos"], self.locals["dones"]
         for i, (info, done) in enumerate(zip(infos, dones)):
             self._acc[i].add(info)
+            self._ret[i] += float(info.get("task_reward", 0.0))
             if done:
                 rec = self._acc[i].finish()
+                rec.task_return, self._ret[i] = self._ret[i], 0.0
                 self._acc[i] = EpisodeAccumulator()
                 self._acc[i].start(None)
                 self._record(rec)
@@ -147,7 +172,9 @@ class EpisodeMetrics(BaseCallback):
             if v is not None and np.isfinite(v):
                 self.logger.record(f"episode/{k}", v)
         if self.csv_path is not None:
-            row = {"timesteps": self.model.num_timesteps, **rec.to_dict()}
+            row = {"timesteps": self.model.num_timesteps,
+                   "wall_s": round(time.perf_counter() - self._t0, 2),
+                   "task_return": round(float(getattr(rec, "task_return", 0.0)), 3), **rec.to_dict()}
             row["collision_speeds_kmh"] = json.dumps(row.get("collision_speeds_kmh", []))
             if self._writer is None:
                 new = not Path(self.csv_path).exists()

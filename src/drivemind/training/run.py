@@ -22,7 +22,8 @@ import yaml
 from ..evaluation import compute_metrics
 from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec_env,
                     observation_signature)
-from .callbacks import CheckpointEvery, EpisodeMetrics, StopOnSignal, latest_checkpoint, save_checkpoint
+from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
+                        save_checkpoint)
 
 
 def _setup_logger(model, cfg: dict, run_dir: Path, resume: bool = False):
@@ -65,7 +66,7 @@ def _start_wandb(cfg: dict, run_dir: Path, resume_id: str | None):
 
 
 # what a resumed run may change from its saved config (everything else would change the experiment)
-RESUME_KEYS = ("total_timesteps", "torch_threads", "progress_bar", "checkpoint_every", "device",
+RESUME_KEYS = ("total_timesteps", "max_minutes", "torch_threads", "progress_bar", "checkpoint_every", "device",
                "log_interval", "verbose")
 
 
@@ -119,6 +120,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         wid = (run_dir / "wandb_id").read_text().strip() if resume and (run_dir / "wandb_id").exists() else None
         wb = _start_wandb(cfg, run_dir, wid)
         stop = StopOnSignal()
+        budget = StopAfter(cfg.get("max_minutes"))
         metrics = EpisodeMetrics(run_dir / "logs" / "episodes.csv",
                                  window=int(cfg.get("metrics_window", 20)))
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
@@ -126,11 +128,12 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         t0 = time.perf_counter()
         reason = "failed"
         try:
-            model.learn(total_timesteps=max(total - done, 0), callback=[stop, metrics, ck],
+            model.learn(total_timesteps=max(total - done, 0), callback=[stop, budget, metrics, ck],
                         log_interval=int(cfg.get("log_interval", 4 if algo == "sac" else 1)),
                         progress_bar=bool(cfg.get("progress_bar", True)),
                         reset_num_timesteps=entry is None)
-            reason = f"stopped by {stop.received}" if stop.received else "finished"
+            reason = (f"stopped by {stop.received}" if stop.received
+                      else f"stopped after max_minutes={cfg.get('max_minutes')}" if budget.reached else "finished")
         except BaseException as e:  # the summary must not say "finished" for a crashed run
             reason = f"failed: {type(e).__name__}: {e}"
             raise

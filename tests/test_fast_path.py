@@ -1,0 +1,187 @@
+"""The fast learning path (issue 14): the frozen BEV encoder, its features in the observation, the
+MLP-only extractor, a replay buffer that neither decodes nor (without semantic rewards) stores the
+masks, the wall-time budget and ``bench.py learn``."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import drivemind  # noqa: F401
+from drivemind.agents import DriveSAC, FeatureExtractor, RelabelReplayBuffer
+from drivemind.bev import BevConfig
+from drivemind.bev.encoder import (LIGHT_CLASSES, RADAR_RANGE, TARGET_NAMES, BevEncoder, scene_targets,
+                                   train_encoder)
+from drivemind.rewards import make_reward
+from drivemind.training import train
+
+from script_loader import load_script
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_SHAPE = BevConfig.from_dict({"preset": "cpu"}).shape
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    return BevEncoder.load("bev_encoder", bev_shape=CPU_SHAPE)
+
+
+def test_shipped_encoder_loads_for_the_cpu_preset_and_refuses_other_shapes(encoder):
+    assert encoder.bev_shape == CPU_SHAPE and encoder.dim == 128
+    with pytest.raises(FileNotFoundError, match=r"train_bev_encoder.py"):
+        BevEncoder.load("bev_encoder", bev_shape=(15, 40, 40))
+    with pytest.raises(ValueError, match="trained on"):
+        BevEncoder.load(encoder.path, bev_shape=(15, 64, 64))
+    with pytest.raises(ValueError, match="expects"):
+        encoder.encode(np.zeros((15, 64, 64), np.uint8))
+
+
+def test_env_adds_the_encoders_features_of_the_same_frame(encoder):
+    env = gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu", features="bev_encoder")
+    assert env.observation_space["bev_features"].shape == (encoder.dim,)
+    obs, _ = env.reset(seed=0)
+    for _ in range(5):
+        obs, *_ = env.step(env.unwrapped.expert_action())
+    f = obs["bev_features"]
+    assert f.shape == (encoder.dim,) and f.dtype == np.float32 and np.all(np.abs(f) <= 1)
+    np.testing.assert_allclose(f, encoder.encode(obs["bev"]), atol=1e-6)
+    assert env.observation_space.contains(obs)
+    env.close()
+
+
+def test_scene_targets_follow_the_ground_truth():
+    env = gym.make("DriveMind-v0", town="grid", density="dense")
+    env.reset(seed=3)
+    base = env.unwrapped
+    seen_actor = False
+    for _ in range(60):
+        _, _, term, trunc, info = env.step(base.expert_action())
+        reg, light = scene_targets(info, base.snapshot)
+        assert reg.shape == (len(TARGET_NAMES),) and 0 <= light < len(LIGHT_CLASSES)
+        t = dict(zip(TARGET_NAMES, reg))
+        assert math.isclose(t["lead_distance"], min(info["lead_distance"], 50.0) / 50.0, rel_tol=1e-5)
+        st = int(info["light_state"])
+        assert LIGHT_CLASSES[light] == {0: "green", 1: "yellow", 2: "red"}.get(st, "none")
+        # the radar: the nearest vehicle overall is the minimum over the vehicle sectors
+        snap = base.snapshot
+        a, e = snap.actors, snap.ego
+        veh = (a.cls >= 1) & (a.cls <= 3)
+        d = np.hypot(a.pos[veh, 0] - e.x, a.pos[veh, 1] - e.y)
+        radar = np.array([t[f"radar_vehicle_{i}"] for i in range(8)]) * RADAR_RANGE
+        if len(d) and d.min() < RADAR_RANGE:
+            seen_actor = True
+            assert math.isclose(radar.min(), d.min(), rel_tol=1e-4)
+        else:
+            assert np.all(radar == RADAR_RANGE)
+        if term or trunc:
+            break
+    assert seen_actor
+    env.close()
+
+
+def _frames(n=96, seed=0):
+    env = gym.make("DriveMind-v0", town="grid", density="regular", bev={"preset": "cpu", "size": 48,
+                                                                        "pixels_per_meter": 1.25,
+                                                                        "ego_from_bottom": 10})
+    env.reset(seed=seed)
+    base = env.unwrapped
+    fr, regs, lights = [], [], []
+    for _ in range(n):
+        obs, _, term, trunc, info = env.step(base.expert_action())
+        r, li = scene_targets(info, base.snapshot)
+        fr.append(obs["bev"]), regs.append(r), lights.append(li)
+        if term or trunc:
+            env.reset()
+    env.close()
+    return np.stack(fr), np.stack(regs), np.asarray(lights)
+
+
+def test_train_encoder_is_deterministic_and_learns(tmp_path):
+    th.set_num_threads(1)
+    frames, regs, lights = _frames()
+    a, ma = train_encoder(frames, regs, lights, dim=16, epochs=3, batch_size=16, seed=1)
+    b, _ = train_encoder(frames, regs, lights, dim=16, epochs=3, batch_size=16, seed=1)
+    for (k, x), (_, y) in zip(a.net.state_dict().items(), b.net.state_dict().items()):
+        assert th.equal(x, y), k
+    untrained, m0 = train_encoder(frames, regs, lights, dim=16, epochs=0, batch_size=16, seed=1)
+    err = np.mean(list(ma["train"]["mae"].values()))
+    err0 = np.mean(list(m0["train"]["mae"].values()))
+    assert err < err0, (err, err0)
+    p = a.save(tmp_path / "enc.pt")
+    back = BevEncoder.load(p, bev_shape=frames.shape[1:])
+    np.testing.assert_array_equal(back.encode(frames[:4]), a.encode(frames[:4]))
+
+
+def _fast_model(reward: str, steps_env=None):
+    env = gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu", features="bev_encoder",
+                   max_episode_steps=60)
+    return DriveSAC("DrivePolicy", env, reward_fn=make_reward(reward), buffer_size=500, batch_size=32,
+                    learning_starts=40, policy_kwargs={"features_extractor_class": FeatureExtractor,
+                                                       "net_arch": [32, 32]}, seed=0)
+
+
+def test_fast_sac_stores_no_masks_for_a_kinematic_reward():
+    m = _fast_model("drivemind_kinematic")
+    buf = m.replay_buffer
+    assert isinstance(buf, RelabelReplayBuffer) and not buf.store_images and not buf.codecs
+    assert buf.bytes_per_transition() < 1500  # features + ego + waypoints + facts, no masks
+    m.learn(120)
+    data = buf.sample(8)
+    assert set(data.observations) == {"ego", "waypoints", "bev_features"}
+    obs = m.env.reset()
+    a, _ = m.predict(obs, deterministic=True)
+    assert a.shape == (1, 2)
+
+
+def test_fast_sac_keeps_masks_for_a_semantic_reward_but_samples_none():
+    m = _fast_model("aicr_static")
+    buf = m.replay_buffer
+    assert buf.store_images and not buf.sample_images and buf.embeddings is not None
+    m.learn(80)
+    assert m.embedded_frames > 0  # BEV-CLIP embedded the stored masks
+    assert "bev" not in buf.sample(4).observations
+
+
+def test_feature_extractor_needs_the_features():
+    env = gym.make("DriveMind-v0", town="grid", density="empty", bev="cpu")
+    with pytest.raises(ValueError, match="obs.features=bev_encoder"):
+        FeatureExtractor(env.observation_space)
+
+
+def _cfg(overrides):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_experiment_fast_trains_within_a_wall_time_budget(tmp_path):
+    cfg = _cfg(["experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
+                "total_timesteps=100000", "max_minutes=0.05", "algo.learning_starts=50",
+                "algo.batch_size=32", "checkpoint_every=0", "+env.max_episode_steps=50"])
+    assert cfg["obs"]["features"] == "bev_encoder" and cfg["algo"]["policy_kwargs"]["extractor"] == "features"
+    summary = train(cfg, tmp_path / "run")
+    assert summary["status"] == "stopped after max_minutes=0.05"
+    assert 0 < summary["steps"] < 100000 and summary["wall_s"] < 30
+    rows = (tmp_path / "run" / "logs" / "episodes.csv").read_text().splitlines()
+    assert "wall_s" in rows[0] and "task_return" in rows[0] and len(rows) > 1
+
+
+def test_bench_learn_prints_the_figures(tmp_path, capsys):
+    bench = load_script("bench")
+    res = bench.main(["learn", "--town", "grid", "--density", "empty", "--minutes", "0.03",
+                      "--out", str(tmp_path), "--max-steps", "30", "algo.learning_starts=30",
+                      "algo.batch_size=16", "checkpoint_every=0", "+env.max_episode_steps=40"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(json.dumps(res))
+    for k in ("route_completion", "success_rate", "collision_rate", "env_steps", "wall_s", "env_steps_per_s"):
+        assert k in res, k
+    assert res["env_steps"] > 0 and 0 <= res["route_completion"] <= 1
+    assert Path(res["curve"]).exists()
