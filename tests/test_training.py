@@ -53,7 +53,6 @@ def config(*overrides: str) -> dict:
 def script_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("DRIVEMIND_MAP_PATH", str(REPO.parent / "shared" / "maps"))
     env["OMP_NUM_THREADS"] = "1"
     env["NUMBA_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
