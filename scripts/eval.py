@@ -2,7 +2,12 @@
 """Evaluate a trained policy on the fixed routes of a town (Hydra entry point).
 
     python scripts/eval.py run=outputs/runs/<day>/<time>-<name> town=Town01 density=dense
+    python scripts/eval.py town=Town05 density=dense      # the newest run under ./outputs
     python scripts/eval.py policy=autopilot town=grid density=regular      # the reference driver
+
+Without ``run=`` the newest training run under ``outputs/`` (``outputs/runs`` and
+``outputs/sweeps``, as scripts/train.py writes them from the same working directory) is evaluated:
+the run whose latest checkpoint was written last. The choice is printed.
 
 Loads the run's latest checkpoint (or checkpoint=<model_<steps>.zip>), freezes it, drives the
 town's 10 fixed routes with the same traffic seeds for every method, and writes metrics.json,
@@ -44,9 +49,12 @@ def _main(cfg: DictConfig) -> dict:
     town = (c.get("town") or {}).get("name")
     density = (c.get("density") or {}).get("name")
     if c["policy"] == "model":
-        if not c.get("run"):
-            raise ValueError("pass run=<training run directory> (or policy=autopilot)")
-        res = evaluate_run(c["run"], town, density, checkpoint=c["checkpoint"], device=c["device"],
+        run = c.get("run")
+        if not run:
+            run = newest_run(Path(c.get("outputs") or "outputs"))
+            print(f"[drivemind] no run= given: evaluating the newest training run, {run} "
+                  f"(pass run=<dir> for another)", flush=True)
+        res = evaluate_run(run, town, density, checkpoint=c["checkpoint"], device=c["device"],
                            map_path=c.get("map_path"), out_dir=c.get("out"), sim=c.get("sim"), **common)
     else:
         town, density = town or "grid", density or "regular"
@@ -59,6 +67,27 @@ def _main(cfg: DictConfig) -> dict:
     print(f"[drivemind] wrote {', '.join(str(p) for p in res['files'].values())}", flush=True)
     print(json.dumps({"out": str(out), **res["metrics"]}, default=str))
     return res["metrics"]
+
+
+def newest_run(outputs: Path) -> Path:
+    """The training run under ``outputs`` whose latest checkpoint was written last; a clear
+    error when there is none."""
+    from drivemind.training.callbacks import LATEST
+
+    found = []
+    for sub in ("runs", "sweeps"):
+        for latest in (outputs / sub).glob(f"**/checkpoints/{LATEST}"):
+            run = latest.parent.parent
+            if (run / "config.yaml").is_file():
+                found.append((latest.stat().st_mtime_ns, str(run), run))
+    if not found:
+        where = outputs.resolve()
+        raise FileNotFoundError(
+            f"no trained run to evaluate: no run with a checkpoint under {where}/runs or "
+            f"{where}/sweeps. Train one first (python scripts/train.py, from this directory), "
+            f"pass run=<training run directory>, or evaluate the reference driver with "
+            f"policy=autopilot")
+    return max(found)[2].resolve()
 
 
 if __name__ == "__main__":

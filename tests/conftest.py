@@ -1,4 +1,4 @@
-"""Shared fixtures: the real CARLA towns from ``<repo root>/../shared/maps`` (skipped when absent)."""
+"""Shared fixtures: the real CARLA towns shipped with the package (``drivemind/maps/data``)."""
 
 from __future__ import annotations
 
@@ -6,23 +6,25 @@ from pathlib import Path
 
 import pytest
 
-SHARED_MAPS = Path(__file__).resolve().parents[1].parent / "shared" / "maps"
-
-
 @pytest.fixture(scope="session")
-def shared_maps() -> Path:
-    """Folder holding Town01.xodr / Town02.xodr; skips the test when it is not there."""
-    if not SHARED_MAPS.is_dir() or not any(SHARED_MAPS.glob("*.xodr")):
-        pytest.skip(f"{SHARED_MAPS} not present (the real CARLA maps live in ../shared/maps)")
-    return SHARED_MAPS
+def shared_maps(tmp_path_factory) -> Path:
+    """A folder of plain ``<Town>.xodr`` files (Town01, Town02, Town03, Town05): the CARLA towns
+    the package ships (xz-compressed in drivemind/maps/data), decompressed once per session, for
+    tests that need the files themselves (map_path=..., a CARLA server double)."""
+    from drivemind.maps.opendrive import read_xodr
+    from drivemind.maps.resolve import VENDORED_DIR, VENDORED_SUFFIX, vendored_names
+
+    out = tmp_path_factory.mktemp("carla_maps")
+    for name in vendored_names():
+        (out / f"{name}.xodr").write_text(read_xodr(VENDORED_DIR / f"{name}{VENDORED_SUFFIX}"),
+                                          encoding="utf-8")
+    return out
 
 
 @pytest.fixture(scope="session")
 def town02(shared_maps):
     """Town02 as a RoadMap (loaded once per session)."""
     path = shared_maps / "Town02.xodr"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
     from drivemind.maps import load_town
 
     return load_town(str(path))

@@ -5,7 +5,7 @@ No CARLA server can run here. What is real and what is doubled:
     connection error and its timing), every carla value type (Transform, Location, Rotation,
     Vector3D, BoundingBox, VehicleControl, WorldSettings, OpendriveGenerationParameters,
     TrafficLightState) and every map-side path: the worlds' maps are real ``carla.Map`` objects
-    parsed from OpenDRIVE (the built-in towns, and Town01/Town02 from ../shared/maps), so the
+    parsed from OpenDRIVE (the built-in towns, and Town01/Town02 as shipped), so the
     backend's RoadMap (``to_opendrive()`` -> our loader), spawn heights (``get_waypoint``), the
     traffic lights' stop waypoints and the lane markings of lane-invasion events are the client's.
   * DOUBLED (tests/carla_double.py): the server side — Client, World, actors, sensors and their

@@ -1,6 +1,6 @@
 """The Gymnasium env: registration and the env checker, spaces, determinism, route following,
 every termination and truncation, the per-step facts, eval routes, bad input, vector envs and
-rendering. Runs on the embedded simulator (built-in towns; Town02 when ../shared/maps is there).
+rendering. Runs on the embedded simulator (built-in towns; CARLA's Town02 as shipped).
 """
 
 from __future__ import annotations
@@ -160,17 +160,14 @@ def test_fixed_routes_seeded_and_checked_against_the_map(tmp_path):
     assert map_fingerprint(grid) != map_fingerprint(avenue)
 
 
-def test_shipped_route_files_match_their_maps(request):
+def test_shipped_route_files_match_their_maps():
     from drivemind.envs.routes import SHIPPED
     files = sorted(SHIPPED.glob("*.json"))
-    assert {p.stem for p in files} >= {"grid", "curves", "avenue"}
+    assert {p.stem for p in files} >= {"grid", "curves", "avenue", "Town01", "Town02", "Town03",
+                                       "Town05"}
     for p in files:
         spec = json.loads(p.read_text())
-        if spec["town"].startswith("Town"):
-            shared = request.getfixturevalue("shared_maps")
-            rm = load_town(str(shared / f"{spec['town']}.xodr"))
-        else:
-            rm = load_town(spec["town"])
+        rm = load_town(spec["town"])  # built-in or shipped CARLA town, no search path needed
         assert len(routes_from_spec(rm, spec, str(p))) == 10
 
 

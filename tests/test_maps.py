@@ -1,32 +1,47 @@
-"""Map loading through the real carla client's OpenDRIVE parser: CARLA towns (from ../shared/maps,
-skipped when absent), built-in towns, town resolution and bad input."""
+"""Map loading through the real carla client's OpenDRIVE parser: CARLA towns (the copies shipped in
+drivemind/maps/data), built-in towns, town resolution, bad input, files that crash the native
+parser and the network validation."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
 
 from drivemind.maps import MapError, MarkingType, load_town
 from drivemind.maps.opendrive import load_xodr_file, load_xodr_text
-from drivemind.maps.resolve import ENV_VAR, search_dirs
+from drivemind.maps import native_check
+from drivemind.maps.opendrive import read_xodr
+from drivemind.maps.resolve import ENV_VAR, VENDORED_DIR, find_town_file, search_dirs, vendored_names
 from drivemind.maps.spatial import nearest_lane_point
 from drivemind.maps.towns import BUILTIN_TOWNS
+from drivemind.maps.validate import MapWarning
 
-MAPS = Path(__file__).resolve().parents[1].parent / "shared" / "maps"
+SHIPPED = ["Town01", "Town02", "Town03", "Town05"]
+
+
+@pytest.fixture
+def no_search_path(monkeypatch):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    monkeypatch.delenv("CARLA_ROOT", raising=False)
 
 
 def carla_town(name: str):
-    path = MAPS / f"{name}.xodr"
-    if not path.is_file():
-        pytest.skip(f"{path} not present (the real CARLA maps live in ../shared/maps)")
-    return load_town(str(path))
+    """A CARLA town by name, resolved with no search path: the copy shipped with the package."""
+    return load_town(name)
 
 
-@pytest.fixture(params=["Town01", "Town02"])
-def real_town(request):
+@pytest.fixture(params=SHIPPED)
+def real_town(request, no_search_path):
     return carla_town(request.param)
+
+
+# lane links of the shipped RoadRunner exports whose successor starts away from the lane's end
+# (the files' own defects, reported by the validation)
+FAR_LINKS = {"Town03": {((69, 0, 1), (69, 0, 1))}}
 
 
 def check_roadmap(rm):
@@ -44,7 +59,11 @@ def check_roadmap(rm):
         assert len(succ) > 0, f"lane {rm.keys[lane]} is a dead end"
         end = rm.lane_points(lane)[-1]
         for s in succ:
-            assert np.hypot(*(rm.lane_points(s)[0] - end)) < 0.5
+            if (rm.keys[lane], rm.keys[s]) in FAR_LINKS.get(rm.name, ()):
+                continue
+            # within about one sample step (0.5 m) of where the lane ends (0.75 m: the RoadRunner
+            # exports' road ends do not always meet exactly)
+            assert np.hypot(*(rm.lane_points(s)[0] - end)) < 0.75, (rm.keys[lane], rm.keys[s])
             assert lane in rm.predecessors(s)
     # widths plausible, junction membership present
     assert np.all((rm.width > 2.0) & (rm.width < 6.0))
@@ -68,6 +87,8 @@ def test_real_carla_towns_load(real_town):
     check_roadmap(rm)
     s = rm.summary()
     assert s["junctions"] >= 8 and s["lane_km"] > 2.0
+    if rm.name not in ("Town01", "Town02"):
+        return  # the 2019 RoadRunner exports of Town03/05 carry no signals and other markings
     # the CARLA towns have traffic-light signals; their centre lines are broken markings on the
     # left of every non-junction lane (their outer edges carry no marking in the .xodr)
     assert len(rm.light_landmarks) > 10
@@ -104,20 +125,57 @@ def test_town02_nearest_lane_point():
     assert q[0] == lane and abs(q[2] - 1.0) < 0.05 and abs(q[1] - rm.spawn_s[0]) < 0.6
 
 
-def test_resolution_by_env_var_and_carla_root(tmp_path, monkeypatch):
-    if not (MAPS / "Town02.xodr").is_file():
-        pytest.skip("needs ../shared/maps/Town02.xodr")
-    monkeypatch.setenv(ENV_VAR, str(MAPS))
-    monkeypatch.delenv("CARLA_ROOT", raising=False)
-    assert load_town("Town02").name == "Town02"
+def test_shipped_towns_resolve_with_no_search_path(no_search_path):
+    assert search_dirs() == []
+    assert vendored_names() == SHIPPED
+    for name in SHIPPED:
+        path = find_town_file(name)
+        assert path == VENDORED_DIR / f"{name}.xodr.xz"
+    rm = load_town("Town03")
+    assert rm.name == "Town03" and rm.source == str(VENDORED_DIR / "Town03.xodr.xz")
+    # the attribution travels with the files, and the package data ships both
+    text = (VENDORED_DIR / "LICENSE-CARLA-MAPS.txt").read_text()
+    assert "CC-BY 4.0" in text and "Computer Vision Center" in text
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["drivemind.maps"]
+    for f in VENDORED_DIR.iterdir():
+        assert any(fnmatch(f"data/{f.name}", g) for g in globs), f
+    # compressed, they keep the repository lean (about 260 KB for the four)
+    assert sum(f.stat().st_size for f in VENDORED_DIR.glob("*.xz")) < 400_000
+
+
+def test_user_files_take_precedence_over_shipped_towns(tmp_path, monkeypatch, no_search_path):
+    shipped = load_town("Town02")
+    # a user's own "Town02" (here: the built-in grid's network) on the search path wins
+    from drivemind.maps.towns import builtin_town_xodr
+
+    (tmp_path / "Town02.xodr").write_text(builtin_town_xodr("grid"))
+    mine = load_town("Town02", search_path=[str(tmp_path)])
+    assert mine.source == str(tmp_path / "Town02.xodr") and mine.n_lanes == load_town("grid").n_lanes
+    assert mine.n_lanes != shipped.n_lanes
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert load_town("Town02").source == str(tmp_path / "Town02.xodr")
+
+
+def test_resolution_by_env_var_and_carla_root(tmp_path, monkeypatch, no_search_path):
+    text = read_xodr(VENDORED_DIR / "Town02.xodr.xz")
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    (maps / "Town02.xodr").write_text(text)
+    monkeypatch.setenv(ENV_VAR, str(maps))
+    assert load_town("Town02").source == str(maps / "Town02.xodr")
     # a CARLA install's layout: $CARLA_ROOT/CarlaUE4/Content/Carla/Maps/OpenDrive/<Town>.xodr
     monkeypatch.delenv(ENV_VAR)
     od = tmp_path / "carla" / "CarlaUE4" / "Content" / "Carla" / "Maps" / "OpenDrive"
     od.mkdir(parents=True)
-    (od / "Town02.xodr").write_text((MAPS / "Town02.xodr").read_text())
+    (od / "Town04.xodr").write_text(text)  # a town not shipped
     monkeypatch.setenv("CARLA_ROOT", str(tmp_path / "carla"))
     assert od in search_dirs()
-    assert load_town("Town02").n_lanes > 0
+    assert load_town("Town04").source == str(od / "Town04.xodr")
     # the configured search path comes first
     assert search_dirs([str(tmp_path)])[0] == tmp_path
 
@@ -129,7 +187,7 @@ def test_unknown_town_lists_builtins_and_searched_dirs(tmp_path, monkeypatch):
         load_town("Town99")
     msg = str(ei.value)
     assert "Town99" in msg and str(tmp_path) in msg
-    for name in BUILTIN_TOWNS:
+    for name in [*BUILTIN_TOWNS, *SHIPPED]:
         assert name in msg
 
 
@@ -172,3 +230,115 @@ SIDEWALK_ONLY = """<?xml version="1.0" standalone="yes"?>
 def test_map_without_driving_lanes_is_rejected():
     with pytest.raises(MapError, match="no drivable lanes"):
         load_xodr_text(SIDEWALK_ONLY, "sidewalks")
+
+
+# ---------------------------------------------------------------------------- native parser crashes
+
+def _road(rid, x, sections, link=""):
+    return (f'<road name="r{rid}" length="50" id="{rid}" junction="-1"><link>{link}</link>'
+            f'<planView><geometry s="0" x="{x}" y="0" hdg="0" length="50"><line/></geometry></planView>'
+            f'<lanes>{"".join(sections)}</lanes></road>')
+
+
+def _section(s, link=""):
+    return (f'<laneSection s="{s}"><center><lane id="0" type="none" level="false"/></center><right>'
+            f'<lane id="-1" type="driving" level="false"><link>{link}</link>'
+            f'<width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane></right></laneSection>')
+
+
+HEAD = '<?xml version="1.0" standalone="yes"?><OpenDRIVE><header revMajor="1" revMinor="4" name="" version="1"/>'
+# road 1 leads into road 2, whose <lanes> has no lane section: carla.Map (0.9.16) dies with SIGSEGV
+CRASHING = (HEAD + _road(1, 0, [_section(0, '<successor id="-1"/>')],
+                         '<successor elementType="road" elementId="2" contactPoint="start"/>')
+            + _road(2, 50, [], '<predecessor elementType="road" elementId="1" contactPoint="end"/>')
+            + "</OpenDRIVE>")
+
+
+@pytest.fixture
+def fresh_verdicts(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRIVEMIND_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(native_check.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(native_check, "_verdicts", {})
+    return tmp_path / "cache" / "map-check"
+
+
+def test_file_that_crashes_the_parser_gives_one_error_naming_it(tmp_path, fresh_verdicts, monkeypatch):
+    # the input really kills a process that parses it
+    child = subprocess.run([sys.executable, "-c", "import sys, carla; carla.Map('x', sys.stdin.read())"],
+                           input=CRASHING, capture_output=True, text=True, timeout=120)
+    assert child.returncode < 0, "this carla version no longer crashes on the test input"
+    path = tmp_path / "crashes.xodr"
+    path.write_text(CRASHING)
+    with pytest.raises(MapError) as ei:
+        load_town(str(path))
+    msg = str(ei.value)
+    assert str(path) in msg and "crashes" in msg and "SIGSEGV" in msg
+    # the verdict is cached per content: the next load answers without a child process
+    assert len(list(fresh_verdicts.glob("*.json"))) == 1
+    monkeypatch.setattr(native_check, "_verdicts", {})
+    monkeypatch.setattr(native_check, "_run_child", lambda *a: pytest.fail("child run again"))
+    copy = tmp_path / "copy.xodr"
+    copy.write_text(CRASHING)
+    with pytest.raises(MapError, match=f"{copy}: the CARLA OpenDRIVE parser crashes"):
+        load_town(str(copy))
+
+
+def test_good_file_verdict_is_cached(fresh_verdicts, monkeypatch):
+    text = read_xodr(VENDORED_DIR / "Town02.xodr.xz")
+    assert native_check.check_text(text, "Town02", "t")["status"] == "ok"
+    monkeypatch.setattr(native_check, "_verdicts", {})  # a new process: the file cache answers
+    monkeypatch.setattr(native_check, "_run_child", lambda *a: pytest.fail("child run again"))
+    assert native_check.check_text(text, "Town02", "t") == {"status": "ok", "cached": True}
+
+
+def test_child_killed_by_a_signal_is_reported(fresh_verdicts):
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"
+    with pytest.raises(MapError) as ei:
+        native_check.check_text("<OpenDRIVE/>", "x", "some/file.xodr", child_code=kill)
+    assert "some/file.xodr" in str(ei.value) and "SIGABRT" in str(ei.value)
+    # a child that fails with a Python error is no crash: the in-process load reports it
+    v = native_check.check_text("<OpenDRIVE/>", "x", "f", child_code="raise SystemExit(3)")
+    assert v["status"] == "error" and v["returncode"] == 3
+
+
+# ---------------------------------------------------------------------------- network validation
+
+# road 1 has a 4 mm lane section (s = 20 .. 20.004); road 2 links on to a road 77 that does not
+# exist; road 3 leads into junction 500, which has no connection
+BROKEN = (HEAD
+          + _road(1, 0, [_section(0, '<successor id="-1"/>'),
+                         _section(20, '<predecessor id="-1"/><successor id="-1"/>'),
+                         _section(20.004, '<predecessor id="-1"/><successor id="-1"/>')],
+                  '<successor elementType="road" elementId="2" contactPoint="start"/>')
+          + _road(2, 50, [_section(0, '<predecessor id="-1"/><successor id="-1"/>')],
+                  '<predecessor elementType="road" elementId="1" contactPoint="end"/>'
+                  '<successor elementType="road" elementId="77" contactPoint="start"/>')
+          + _road(3, 200, [_section(0)], '<successor elementType="junction" elementId="500"/>')
+          + '<junction id="500" name="empty_junction"></junction></OpenDRIVE>')
+
+
+def test_broken_network_warns_naming_roads_and_lanes():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rm = load_xodr_text(BROKEN, "broken", source="broken.xodr", native_check=False)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
+    assert len(msgs) == 3, msgs
+    text = "\n".join(msgs)
+    assert "zero-length lanes: road 1 lane -1 (section 1)" in text
+    assert "road 2 successor -> road 77 (no such road)" in text
+    assert "junction 500 (empty_junction): no <connection>" in text
+    assert all(m.startswith("broken (broken.xodr)") for m in msgs)
+    # the 4 mm section is spliced out: road 1's first section leads straight on to its third
+    a, c = rm.key_index[(1, 0, -1)], rm.key_index[(1, 2, -1)]
+    assert list(rm.successors(a)) == [c]
+
+
+def test_shipped_towns_have_no_dead_ends(real_town):
+    dead = [real_town.keys[i] for i in range(real_town.n_lanes) if len(real_town.successors(i)) == 0]
+    assert dead == []
+
+
+def test_clean_network_gives_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MapWarning)
+        load_xodr_file(VENDORED_DIR / "Town01.xodr.xz", native_check=False)  # uncached load

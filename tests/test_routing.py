@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ import pytest
 from drivemind.maps import RouteError, load_town, plan_route, random_route
 from drivemind.maps.roadmap import LaneRecord, build_roadmap
 
-MAPS = Path(__file__).resolve().parents[1].parent / "shared" / "maps"
 
 
 def dijkstra_length(rm, start, goal):
@@ -37,12 +35,7 @@ def dijkstra_length(rm, start, goal):
 
 
 def town(name):
-    if name.startswith("Town"):
-        p = MAPS / f"{name}.xodr"
-        if not p.is_file():
-            pytest.skip(f"{p} not present")
-        return load_town(str(p))
-    return load_town(name)
+    return load_town(name)  # CARLA towns: the copies shipped with the package
 
 
 @pytest.mark.parametrize("name", ["Town02", "grid", "curves"])

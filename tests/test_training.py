@@ -53,7 +53,6 @@ def config(*overrides: str) -> dict:
 def script_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("DRIVEMIND_MAP_PATH", str(REPO.parent / "shared" / "maps"))
     env["OMP_NUM_THREADS"] = "1"
     env["NUMBA_NUM_THREADS"] = "1"
     env["MKL_NUM_THREADS"] = "1"
@@ -61,8 +60,8 @@ def script_env() -> dict:
     return env
 
 
-def script(name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=REPO,
+def script(name: str, *args: str, timeout: float = 120, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=cwd,
                           env=script_env(), capture_output=True, text=True, timeout=timeout)
 
 
@@ -361,9 +360,45 @@ def test_eval_script_autopilot(tmp_path):
     assert (out / "metrics.json").is_file() and (out / "routes.csv").is_file()
 
 
-def test_eval_script_needs_a_run():
-    res = script("eval.py", "routes=[0]", timeout=60)
-    assert res.returncode != 0 and "run=" in res.stdout + res.stderr
+def test_eval_script_without_any_run_says_what_to_do(tmp_path):
+    res = script("eval.py", "routes=[0]", timeout=60, cwd=tmp_path)  # no outputs/ here
+    text = res.stdout + res.stderr
+    assert res.returncode == 2 and "Traceback" not in text
+    assert "no trained run to evaluate" in text and str(tmp_path / "outputs") in text
+    for hint in ("python scripts/train.py", "run=", "policy=autopilot"):
+        assert hint in text
+
+
+def test_card_eval_line_right_after_train(tmp_path):
+    """The project card's two lines, from a fresh directory: `python scripts/train.py`, then
+    `python scripts/eval.py town=Town05 density=dense` (no run=, no map path: the newest run and
+    the shipped Town05). Kept tiny: 200 steps, one route, 30 steps of it."""
+    env_no_maps = {"DRIVEMIND_MAP_PATH": "", "CARLA_ROOT": ""}
+    old = {k: os.environ.get(k) for k in env_no_maps}
+    os.environ.update(env_no_maps)
+    try:
+        res = script("train.py", *TINY, *SAC, "total_timesteps=200", cwd=tmp_path, timeout=240)
+        assert res.returncode == 0, res.stderr[-3000:]
+        (newest,) = (tmp_path / "outputs" / "runs").glob("*/*")
+        # an older run (its checkpoint written an hour before) and a later one with no checkpoint
+        # yet (still starting, or crashed): neither is picked
+        older = newest.parent / "00-00-00-older"
+        shutil.copytree(newest, older)
+        t = time.time() - 3600
+        os.utime(older / "checkpoints" / "latest.json", (t, t))
+        (newest.parent / "23-59-59-no-checkpoint").mkdir()
+        shutil.copy(newest / "config.yaml", newest.parent / "23-59-59-no-checkpoint")
+        ev = script("eval.py", "town=Town05", "density=dense", "routes=[0]", "max_steps_per_route=30",
+                    "video_route=null", "device=cpu", cwd=tmp_path, timeout=240)
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert ev.returncode == 0, ev.stderr[-3000:]
+    assert f"evaluating the newest training run, {newest.resolve()}" in ev.stdout
+    metrics = json.loads(ev.stdout.strip().splitlines()[-1])
+    assert Path(metrics["out"]) == newest.resolve() / "eval" / "Town05-dense"
+    assert (newest / "eval" / "Town05-dense" / "metrics.json").is_file()
+    assert metrics["episodes"] == 1 and 1 <= metrics["steps"] <= 30
 
 
 # ---------------------------------------------------------------------------- checkpoints

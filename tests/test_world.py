@@ -1,8 +1,8 @@
 """The embedded simulator (LiteWorld): IDM car following, junction reservations and lights, lock-up,
 ego collisions and kinematics, determinism, input validation, snapshot types and the autopilot.
 
-Everything here runs on real maps (built-in towns, a ring built in code, CARLA's Town02 from
-``../shared/maps`` when present) and checks behaviour against physics or the model's own rules
+Everything here runs on real maps (built-in towns, a ring built in code, CARLA's Town02 as
+shipped with the package) and checks behaviour against physics or the model's own rules
 (IDM equilibrium, bicycle geometry, light phases), not against recorded numbers.
 """
 

@@ -81,18 +81,20 @@ def town_opendrive(town: str) -> str | None:
     if town in builtin_names():
         from ..maps.towns import builtin_town_xodr
         return builtin_town_xodr(town)
-    if town.endswith(".xodr") or os.sep in town:
+    if town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town:
+        from ..maps.opendrive import read_xodr
         p = Path(os.path.expanduser(town))
         if not p.is_file():
             raise MapError(f"{p}: no such OpenDRIVE file")
-        return p.read_text(encoding="utf-8")
+        return read_xodr(p)
     return None
 
 
 def town_name(town: str) -> str:
     """The RoadMap name for a town argument (a path's file stem, as load_town names it)."""
-    if town.endswith(".xodr") or os.sep in town:
-        return os.path.splitext(os.path.basename(town))[0]
+    if town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town:
+        from ..maps.opendrive import xodr_stem
+        return xodr_stem(town)
     return town
 
 
@@ -128,7 +130,8 @@ def put_town(api, client, town: str, cfg, map_path=None):
                             f"{town}.xodr is on the map path; the server has: "
                             f"{', '.join(available)}. Built-in towns ({', '.join(builtin_names())}) "
                             f"and .xodr files are generated on the server instead")
-                    world = _generate(api, client, path.read_text(encoding="utf-8"), town, cfg)
+                    from ..maps.opendrive import read_xodr
+                    world = _generate(api, client, read_xodr(path), town, cfg)
     finally:
         client.set_timeout(float(cfg.timeout))
     return world

@@ -3,10 +3,19 @@
 This is the only module of the map stack that imports ``carla``. ``carla.Map(name, xodr_text)``
 parses OpenDRIVE without a server; a live server's ``world.get_map()`` returns the same type, so
 :func:`roadmap_from_carla_map` serves both the embedded simulator and the CARLA backend.
+
+The native parser can crash the process (a segmentation fault) on some malformed files, with no
+message. So a text is first parsed, and its lanes walked exactly as the loader walks them, in a
+child process (:mod:`drivemind.maps.native_check`); a crash there becomes one :class:`MapError`
+naming the file. The verdict is cached per content hash, so a file costs the child process once.
+After loading, :mod:`drivemind.maps.validate` warns about dangling links, zero-length lanes and
+junctions without connecting lanes, naming road and lane ids.
 """
 
 from __future__ import annotations
 
+import gzip
+import lzma
 import os
 import xml.etree.ElementTree as ET
 
@@ -41,29 +50,67 @@ def _check_opendrive_text(text: str, source: str) -> None:
         raise MapError(f"{source}: OpenDRIVE file has no <road> elements")
 
 
-def load_xodr_text(text: str, name: str, *, source: str = "", **build_kw) -> RoadMap:
-    """Parse OpenDRIVE text into a RoadMap. Errors name the source and what failed."""
-    source = source or f"<OpenDRIVE text for {name}>"
-    _check_opendrive_text(text, source)
+def parse_carla_map(text: str, name: str, source: str):
+    """``carla.Map(name, text)`` with the parser's exceptions as a MapError naming ``source``."""
     carla = _import_carla()
     try:
-        cmap = carla.Map(name, text)
+        return carla.Map(name, text)
     except Exception as exc:  # the C++ parser raises RuntimeError on broken files
         raise MapError(f"{source}: the CARLA OpenDRIVE parser rejected the file: {exc}") from exc
-    return roadmap_from_carla_map(cmap, name=name, source=source, **build_kw)
+
+
+def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool = True,
+                   validate: bool = True, **build_kw) -> RoadMap:
+    """Parse OpenDRIVE text into a RoadMap. Errors name the source and what failed.
+
+    ``native_check``: parse in a child process first (:func:`drivemind.maps.native_check.check_text`)
+    so a file that crashes the native parser gives a MapError instead of killing this process.
+    ``validate``: warn (:class:`drivemind.maps.validate.MapWarning`) about network defects."""
+    source = source or f"<OpenDRIVE text for {name}>"
+    _check_opendrive_text(text, source)
+    if native_check:
+        from .native_check import check_text
+
+        check_text(text, name, source)
+    cmap = parse_carla_map(text, name, source)
+    sample = build_kw.pop("sample", 0.5)
+    records, landmarks, short = carla_lane_records(cmap, name=name, source=source, sample=sample)
+    if validate:
+        from .validate import warn_issues
+
+        warn_issues(records, text, f"{name} ({source})", short=short)
+    return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
+
+
+def read_xodr(path: str | os.PathLike) -> str:
+    """The text of an OpenDRIVE file, plain or compressed (``.xz`` / ``.gz``)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise MapError(f"{path}: no such OpenDRIVE file")
+    opener = {".xz": lzma.open, ".gz": gzip.open}.get(os.path.splitext(path)[1], open)
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            return fh.read()
+    except UnicodeDecodeError as exc:
+        raise MapError(f"{path}: not a text file ({exc}); expected OpenDRIVE XML") from exc
+    except (lzma.LZMAError, gzip.BadGzipFile, EOFError) as exc:
+        raise MapError(f"{path}: could not decompress it ({exc}); expected an xz/gzip-compressed "
+                       f"OpenDRIVE file") from exc
+
+
+def xodr_stem(path: str | os.PathLike) -> str:
+    """The town name of a file: its name without ``.xodr`` / ``.xodr.xz`` / ``.xodr.gz``."""
+    base = os.path.basename(os.fspath(path))
+    for suffix in (".xodr.xz", ".xodr.gz", ".xodr"):
+        if base.endswith(suffix):
+            return base[:-len(suffix)]
+    return os.path.splitext(base)[0]
 
 
 def load_xodr_file(path: str | os.PathLike, name: str | None = None, **build_kw) -> RoadMap:
     path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise MapError(f"{path}: no such OpenDRIVE file")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except UnicodeDecodeError as exc:
-        raise MapError(f"{path}: not a text file ({exc}); expected OpenDRIVE XML") from exc
-    name = name or os.path.splitext(os.path.basename(path))[0]
-    return load_xodr_text(text, name, source=path, **build_kw)
+    text = read_xodr(path)
+    return load_xodr_text(text, name or xodr_stem(path), source=path, **build_kw)
 
 
 _MARKING_BY_NAME = {
@@ -85,8 +132,16 @@ def _marking(m) -> int:
 def roadmap_from_carla_map(cmap, *, name: str | None = None, source: str = "",
                            max_ds: float = 1.0, sample: float = 0.5, **build_kw) -> RoadMap:
     """Build a RoadMap from a ``carla.Map`` (offline-parsed or a live server's)."""
-    carla = _import_carla()
     name = name or cmap.name
+    records, landmarks, _ = carla_lane_records(cmap, name=name, source=source, sample=sample)
+    return build_roadmap(name, records, landmarks=landmarks, max_ds=max_ds, source=source,
+                         **build_kw)
+
+
+def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5):
+    """(lane records, traffic-light landmarks) read from a ``carla.Map``: every native call the
+    loader makes on a map (the child-process check runs exactly this)."""
+    carla = _import_carla()
     try:
         topo = cmap.get_topology()
     except Exception as exc:
@@ -107,6 +162,8 @@ def roadmap_from_carla_map(cmap, *, name: str | None = None, source: str = "",
         succ.setdefault(key(b), [])
     driving = carla.LaneType.Driving
     records = []
+    short: dict[tuple, float] = {}  # lanes shorter than `sample` -> distance to their successor
+    short_start: dict[tuple, np.ndarray] = {}
     for k in sorted(starts):
         w0 = starts[k]
         wps = [w0] + [w for w in w0.next_until_lane_end(sample) if key(w) == k]
@@ -115,7 +172,12 @@ def roadmap_from_carla_map(cmap, *, name: str | None = None, source: str = "",
             keep = np.concatenate([[True], np.linalg.norm(np.diff(pts, axis=0), axis=1) > 1e-6])
             wps = [w for w, kp in zip(wps, keep) if kp]
             pts = pts[keep]
-        if len(wps) < 2:
+        if len(pts) < 2:  # shorter than one sample step: spliced out below
+            nxt = succ.get(k, [])
+            short_start[k] = pts[0]
+            short[k] = (float(np.hypot(*(starts[nxt[0]].transform.location.x - pts[0][0],
+                                         starts[nxt[0]].transform.location.y - pts[0][1])))
+                        if nxt else 0.0)
             continue
         lft, rgt = w0.get_left_lane(), w0.get_right_lane()
         records.append(LaneRecord(
@@ -129,11 +191,39 @@ def roadmap_from_carla_map(cmap, *, name: str | None = None, source: str = "",
             left=key(lft) if lft is not None and lft.lane_type == driving else None,
             right=key(rgt) if rgt is not None and rgt.lane_type == driving else None,
         ))
+    _splice_short_lanes(records, short, short_start, succ)
     try:
         lms = cmap.get_all_landmarks_of_type(TRAFFIC_LIGHT_TYPE)
     except Exception:  # pragma: no cover - older clients
         lms = []
     landmarks = [TrafficLightLandmark(lm.transform.location.x, lm.transform.location.y, lm.road_id)
                  for lm in lms]
-    return build_roadmap(name, records, landmarks=landmarks, max_ds=max_ds, source=source,
-                         **build_kw)
+    return records, landmarks, short
+
+
+def _splice_short_lanes(records, short: dict, short_start: dict, succ: dict) -> None:
+    """Lane sections shorter than one sample step (CARLA towns have many of a few cm) carry no
+    centre line of their own: their predecessors link straight to their successors instead, and
+    end where the short lane starts (the true end of the predecessor; the gap left to the
+    successor is the short lane's length). A short lane with no successor stays a (dangling)
+    successor."""
+
+    def through(k, seen):
+        if k not in short:
+            return [k]
+        nxt = [s for s in succ.get(k, []) if s not in seen]
+        if not nxt:
+            return [k]
+        return [t for s in nxt for t in through(s, seen | {k})]
+
+    for r in records:
+        first_short = next((s for s in r.successors if s in short), None)
+        if first_short is None:
+            continue
+        r.successors = list(dict.fromkeys(t for s in r.successors for t in through(s, {r.key})))
+        end = short_start[first_short]
+        if np.hypot(*(end - r.points[-1])) > 1e-6:
+            r.points = np.vstack([r.points, end])
+            for attr in ("width", "mark_left", "mark_right"):
+                v = getattr(r, attr)
+                setattr(r, attr, np.concatenate([v, v[-1:]]))

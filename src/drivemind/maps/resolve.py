@@ -1,9 +1,11 @@
 """Town names -> RoadMaps.
 
-A town is one of: a path to an ``.xodr`` file; a built-in town generated in code
-(:data:`drivemind.maps.towns.BUILTIN_TOWNS`); or a name such as ``Town02`` looked up as
-``<name>.xodr`` in, in order, the configured search path, ``$DRIVEMIND_MAP_PATH``
-(``os.pathsep``-separated) and ``$CARLA_ROOT``'s OpenDRIVE folders.
+A town is one of: a path to an ``.xodr`` file (also ``.xodr.xz`` / ``.xodr.gz``); a built-in town
+generated in code (:data:`drivemind.maps.towns.BUILTIN_TOWNS`); or a name such as ``Town02`` looked
+up as ``<name>.xodr`` in, in order, the configured search path, ``$DRIVEMIND_MAP_PATH``
+(``os.pathsep``-separated), ``$CARLA_ROOT``'s OpenDRIVE folders and last the CARLA towns shipped
+with DriveMind (:data:`VENDORED_DIR`: Town01, Town02, Town03, Town05, CC-BY 4.0, see
+``data/LICENSE-CARLA-MAPS.txt``). A file of the user's therefore always wins over the shipped copy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ CARLA_SUBDIRS = (
     "Unreal/CarlaUE4/Content/Carla/Maps/OpenDrive",
     "Import",
 )
+# CARLA towns shipped inside the package, xz-compressed (<Town>.xodr.xz)
+VENDORED_DIR = Path(__file__).resolve().parent / "data"
+VENDORED_SUFFIX = ".xodr.xz"
 
 
 def search_dirs(extra: list[str] | tuple[str, ...] | str | None = None) -> list[Path]:
@@ -43,11 +48,21 @@ def search_dirs(extra: list[str] | tuple[str, ...] | str | None = None) -> list[
     return out
 
 
+def vendored_names() -> list[str]:
+    """The CARLA towns shipped with DriveMind (found after the search path)."""
+    return sorted(p.name[:-len(VENDORED_SUFFIX)] for p in VENDORED_DIR.glob(f"*{VENDORED_SUFFIX}"))
+
+
 def find_town_file(name: str, extra=None) -> Path | None:
+    """``<name>.xodr`` on the search path, else the shipped ``<name>.xodr.xz``, else None.
+    Read the result with :func:`drivemind.maps.opendrive.read_xodr` (it may be compressed)."""
     for d in search_dirs(extra):
         for cand in (d / f"{name}.xodr", d / name):
             if cand.is_file():
                 return cand
+    cand = VENDORED_DIR / f"{name}{VENDORED_SUFFIX}"
+    if os.sep not in name and "/" not in name and cand.is_file():
+        return cand
     return None
 
 
@@ -64,7 +79,7 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
                        f"({', '.join(builtin_names())}), a CARLA town such as Town02, or a .xodr path")
     town = os.fspath(town)
     kw = tuple(sorted(build_kw.items()))
-    if town.endswith(".xodr") or os.sep in town or os.path.isfile(town):
+    if town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town or os.path.isfile(town):
         path = Path(os.path.expanduser(town))
         if not path.is_file():
             raise MapError(f"{path}: no such OpenDRIVE file")
@@ -75,7 +90,8 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
     if path is None:
         searched = [str(d) for d in search_dirs(search_path)] or ["(none configured)"]
         raise MapError(
-            f"unknown town {town!r}. Built-in towns: {', '.join(builtin_names())}. "
+            f"unknown town {town!r}. Built-in towns: {', '.join(builtin_names())}; CARLA towns "
+            f"shipped with DriveMind: {', '.join(vendored_names())}. "
             f"No {town}.xodr found in: {'; '.join(searched)}. Add its folder with map_path=... "
             f"(command line), search_path= (Python) or ${ENV_VAR}, or set $CARLA_ROOT; or pass a "
             f"path to an .xodr file."
@@ -95,4 +111,6 @@ def _load_builtin_cached(name: str, kw: tuple) -> RoadMap:
     from .opendrive import load_xodr_text
     from .towns import builtin_town_xodr
 
-    return load_xodr_text(builtin_town_xodr(name), name, source=f"built-in town {name!r}", **dict(kw))
+    # generated in code and tested: no child-process parse needed
+    return load_xodr_text(builtin_town_xodr(name), name, source=f"built-in town {name!r}",
+                          native_check=False, **dict(kw))

@@ -1,0 +1,137 @@
+"""Checks of a loaded road network, reported as warnings that name road and lane ids.
+
+A network can parse and still be broken in ways that make vehicles vanish or stop: links to roads or
+junctions that do not exist, lanes that point to lanes the loader could not read, lanes of zero
+length, junctions with no connecting lanes. :func:`find_issues` lists them; :func:`warn_issues`
+(called by :func:`drivemind.maps.opendrive.load_xodr_text`) emits one :class:`MapWarning` per kind.
+"""
+
+from __future__ import annotations
+
+import warnings
+import xml.etree.ElementTree as ET
+
+import numpy as np
+
+ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
+FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start
+MAX_NAMED = 8  # ids named per warning, then "and N more"
+
+
+class MapWarning(UserWarning):
+    """A defect in a loaded road network (the map still loads)."""
+
+
+def _lane(key) -> str:
+    road, section, lane = key
+    return f"road {road} lane {lane}" + (f" (section {section})" if section else "")
+
+
+def _named(items: list[str]) -> str:
+    more = len(items) - MAX_NAMED
+    return "; ".join(items[:MAX_NAMED]) + (f"; and {more} more" if more > 0 else "")
+
+
+def _length(points) -> float:
+    p = np.asarray(points, float).reshape(-1, 2)
+    return float(np.hypot(*np.diff(p, axis=0).T).sum()) if len(p) >= 2 else 0.0
+
+
+def find_issues(records, text: str | None = None, short: dict | None = None) -> dict[str, list[str]]:
+    """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
+    "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
+    successors", "successors that start away from the lane's end" (over 1 m) and "junctions without
+    connecting lanes" (only kinds with findings).
+
+    ``records``: the loader's lane records; ``short``: lanes it spliced out for being shorter than
+    one sample step, with their length (``{key: metres}``); ``text``: the OpenDRIVE XML."""
+    issues: dict[str, list[str]] = {}
+    short = short or {}
+    zero = [r.key for r in records if _length(r.points) < ZERO_LENGTH]
+    zero += [k for k, length in short.items() if length < ZERO_LENGTH]
+    if zero:
+        issues["zero-length lanes"] = [_lane(k) for k in sorted(zero)]
+    usable = {r.key for r in records} - set(zero)
+    dangling = [f"{_lane(r.key)} -> {_lane(s)}" for r in records if r.key in usable
+                for s in r.successors if s not in usable]
+    if dangling:
+        issues["dangling lane successors"] = dangling
+    ends = {r.key: np.asarray(r.points, float).reshape(-1, 2) for r in records if r.key in usable}
+    far = []
+    for r in records:
+        if r.key not in usable:
+            continue
+        for s in r.successors:
+            if s in ends:
+                gap = float(np.hypot(*(ends[s][0] - ends[r.key][-1])))
+                if gap > FAR_SUCCESSOR:
+                    far.append(f"{_lane(r.key)} -> {_lane(s)} ({gap:.1f} m)")
+    if far:
+        issues["successors that start away from the lane's end"] = far
+    lane_junctions = {r.junction for r in records if r.junction >= 0 and r.key in usable}
+    if text is not None:
+        try:
+            root = ET.fromstring(text)
+        except ET.ParseError:
+            root = None
+        if root is not None:
+            _xml_issues(root, lane_junctions, issues)
+    return issues
+
+
+def _xml_issues(root, lane_junctions: set[int], issues: dict[str, list[str]]) -> None:
+    roads = {r.get("id") for r in root.findall("road")}
+    junctions = {j.get("id") for j in root.findall("junction")}
+    links = []
+    for r in root.findall("road"):
+        link = r.find("link")
+        for end in (link if link is not None else ()):
+            if end.tag not in ("predecessor", "successor"):
+                continue
+            kind, target = end.get("elementType", "road"), end.get("elementId")
+            known = junctions if kind == "junction" else roads
+            if target not in known:
+                links.append(f"road {r.get('id')} {end.tag} -> {kind} {target} (no such {kind})")
+    if links:
+        issues["dangling road links"] = links
+    conns, empty = [], []
+    for j in root.findall("junction"):
+        cs = j.findall("connection")
+        for c in cs:
+            for attr in ("incomingRoad", "connectingRoad"):
+                if c.get(attr) is not None and c.get(attr) not in roads:
+                    conns.append(f"junction {j.get('id')} connection {c.get('id')}: {attr} "
+                                 f"{c.get(attr)} (no such road)")
+        try:
+            jid = int(j.get("id"))
+        except (TypeError, ValueError):
+            jid = None
+        # a junction that routes traffic has connections and driving lanes inside it; one with
+        # connections but no driving lane (e.g. only sidewalks) is not a defect
+        if not cs:
+            empty.append(f"junction {j.get('id')} ({j.get('name') or 'unnamed'}): no <connection>")
+        elif jid is not None and jid not in lane_junctions and any(
+                c.get("connectingRoad") in roads for c in cs) and _has_driving(root, cs):
+            empty.append(f"junction {j.get('id')} ({j.get('name') or 'unnamed'}): its connecting "
+                         f"roads have driving lanes but none was loaded")
+    if conns:
+        issues["dangling junction connections"] = conns
+    if empty:
+        issues["junctions without connecting lanes"] = empty
+
+
+def _has_driving(root, connections) -> bool:
+    ids = {c.get("connectingRoad") for c in connections}
+    for r in root.findall("road"):
+        if r.get("id") in ids and any(ln.get("type") == "driving" for ln in r.iter("lane")):
+            return True
+    return False
+
+
+def warn_issues(records, text: str | None, where: str, short: dict | None = None) -> dict[str, list[str]]:
+    """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
+    issues = find_issues(records, text, short)
+    for kind, items in issues.items():
+        msg = f"{where}: {len(items)} {kind}: {_named(items)}"
+        warnings.warn(msg, MapWarning, stacklevel=3)
+    return issues
