@@ -40,7 +40,8 @@ and being blocked end every episode already). The values are CaRL's CARLA settin
   vehicle's crossing of the light's trigger area. Yellow is not an infraction (as CaRL).
 - Not modelled: stop signs (our maps have none as infractions), off-road as a fraction of the box
   (ours: a static collision ends the episode), the leaderboard's 30 m route deviation (ours:
-  ``env.max_lateral``, 3 m), blocked = 90 s below 1 km/h (CARLA: 0.1 m/s).
+  ``env.max_lateral``, 3 m), blocked = 90 s below 1 km/h (CARLA: 0.1 m/s), CaRL's 1200 s timeout
+  (ours: ``env.max_distance`` / ``env.max_episode_steps`` truncation).
 """
 
 from __future__ import annotations
