@@ -444,3 +444,89 @@ def test_overtake_and_failure_facts():
     teleport(env, speed=6.0)
     obs, r, term, trunc, info = drive(env, np.array([-0.5, 0.3]), 200)
     assert info["termination"] == "off_route" and info["failure"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------- CaRL's facts
+def _red_light_run(mode="train", **kw):
+    """Put the ego 8 m before the first red stop line of its route (every light held red) and
+    drive through it at full throttle, steering with the autopilot. Returns the steps' infos."""
+    env = make(mode=mode, **kw)
+    for seed in range(20):
+        env.reset(seed=seed) if mode == "train" else env.reset(options={"route_index": seed % 10})
+        if env._stops:
+            break
+    assert env._stops, "no route with a traffic light in 20 tries"
+    w = env.world
+    w._update_lights = lambda: w.light_state.fill(int(LightState.RED))  # white-box: hold red
+    w._update_lights()
+    cum = env._stops[0][0]
+    r = env.route
+    i = int(np.searchsorted(r.cum, cum - 8.0 - env.snapshot.ego.extent[0]))
+    w.ego["x"], w.ego["y"], w.ego["yaw"], w.ego["v"] = r.pts[i, 0], r.pts[i, 1], r.yaw[i], 6.0
+    env.tracker.idx, env.tracker.s = i, float(r.cum[i])
+    infos = []
+    for _ in range(40):
+        a = env.expert_action()
+        obs, rew, term, trunc, info = env.step(np.array([a[0], 1.0]))
+        infos.append(info)
+        if term or trunc:
+            break
+    return infos
+
+
+def test_red_light_run_terminates_only_when_configured():
+    infos = _red_light_run(terminate_red_light=True)
+    last = infos[-1]
+    assert last["termination"] == "red_light" and last["red_light_run"] == 1.0
+    assert last["failure"] == 1.0 and sum(i["red_light_run"] for i in infos) == 1.0
+    # the default keeps every other reward's episodes as they were: the fact, no termination
+    infos = _red_light_run()
+    assert sum(i["red_light_run"] for i in infos) == 1.0
+    assert not any(i["termination"] == "red_light" for i in infos)
+    # evaluation keeps one protocol for every reward
+    infos = _red_light_run(mode="eval", terminate_red_light=True)
+    assert sum(i["red_light_run"] for i in infos) == 1.0
+    assert not any(i["termination"] == "red_light" for i in infos)
+    with pytest.raises(ValueError, match="terminate_red_light must be true or false"):
+        make(terminate_red_light=1)
+
+
+def test_route_completion_lanes_and_comfort_facts():
+    env = make()
+    env.reset(seed=3)
+    total = 0.0
+    for _ in range(120):
+        obs, r, term, trunc, info = env.step(env.expert_action())
+        total += info["route_completion"]
+        assert info["outside_lanes"] == 0.0 and info["off_center_time"] == 0.0
+    # per-step completion sums to the share of the route driven, in percent
+    assert total == pytest.approx(100 * info["route_progress"] / info["route_length"], abs=1e-6)
+    assert total > 1.0
+    # one metre to the right of the lane centre (inside max_lateral): the counter grows per step
+    teleport(env, right=1.0)
+    times = [env.step(env.expert_action() * [0, 0])[4]["off_center_time"] for _ in range(5)]
+    assert np.allclose(np.diff(times), 0.1) and times[-1] >= 0.5
+    # on the lane of the opposite direction (3.5 m to the left): outside the route's lanes
+    env = make(max_lateral=10.0)
+    env.reset(seed=3)
+    teleport(env, right=-3.5, speed=3.0)
+    assert env.step(np.zeros(2))[4]["outside_lanes"] == 1.0
+    # a hard stop from 12 m/s breaks the longitudinal comfort limit, and the violation is held
+    env = make(penalty_hold=2.0)
+    env.reset(seed=3)
+    env.world.ego["v"] = 12.0
+    seen = [env.step(np.array([0.0, -1.0]))[4]["comfort_violations"] for _ in range(12)]
+    assert max(seen) >= 1.0
+    held = [env.step(np.array([0.0, 0.0]))[4]["comfort_violations"] for _ in range(40)]
+    assert held[0] >= 1.0 and held[-1] == 0.0  # 2 s of hold, then it lapses
+
+
+def test_ttc_violation_from_a_stopped_lead():
+    env = make(density="regular", max_lateral=1e3)
+    env.reset(seed=4)
+    assert env._infr.facts(env.snapshot, env.tracker, 20.0, 0.0)["ttc_violation"] == 0.0
+    env.snapshot.ego.speed = 10.0
+    assert env._infr.facts(env.snapshot, env.tracker, 20.0, 0.0)["ttc_violation"] == 0.0  # 2 s away
+    assert env._infr.facts(env.snapshot, env.tracker, 8.0, 0.0)["ttc_violation"] == 1.0  # 0.8 s
+    assert env._infr.facts(env.snapshot, env.tracker, 30.0, 0.0)["ttc_violation"] == 1.0  # held
+    assert env._infr.facts(env.snapshot, env.tracker, 8.0, 10.0)["ttc_violation"] == 1.0

@@ -172,3 +172,47 @@ def test_make_reward_params():
         make_reward("revolve", temp_offset=0.0)
     with pytest.raises(ValueError, match="speed_min_kmh"):
         make_reward("revolve", speed_min_kmh=30.0)
+
+
+def test_carl_progress_pays_and_soft_infractions_multiply():
+    """CaRL: route completion (%) x soft factors - 1 on collision / red light (docs/rewards.md)."""
+    r = make_reward("carl")
+    b = facts(8, route_completion=[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5],
+              speed_kmh=[20, 30 + 2.23 * 3.6 / 2, 20, 20, 20, 20, 50, 20],
+              outside_lanes=[0, 0, 1, 0, 0, 0, 0, 0],
+              ttc_violation=[0, 0, 0, 1, 0, 0, 0, 0],
+              comfort_violations=[0, 0, 0, 0, 3, 0, 0, 0],
+              off_center_time=[0, 0, 0, 0, 0, 3.5, 0, 2.9],
+              collision=[0, 0, 0, 0, 0, 0, 1, 0], red_light_run=[0, 0, 0, 0, 0, 0, 0, 1])
+    # clean progress pays in full; half the overspeed margin halves it; wrong lane zeroes it;
+    # TTC halves; 3 of 6 comfort limits take a quarter; off-centre past 3 s halves; far over the
+    # limit pays nothing and a collision costs the hint; a red-light run costs the hint
+    want = [0.5, 0.25, 0.0, 0.25, 0.375, 0.25, -1.0, 0.5 - 1.0]
+    assert np.allclose(r(b), want)
+    parts = r.explain(b)
+    assert np.allclose(parts["progress"], 0.5) and np.allclose(sum(parts.values()), want)
+    assert parts["speeding"][1] == pytest.approx(-0.25) and parts["comfort"][4] == pytest.approx(-0.125)
+    # factors multiply: speeding at half margin, TTC and off-centre together leave 1/8
+    both = facts(1, route_completion=[2.0], speed_kmh=[30 + 2.23 * 3.6 / 2], ttc_violation=[1],
+                 off_center_time=[5.0])
+    assert r(both) == pytest.approx(2.0 / 8)
+    # no progress, no reward (standing still is never paid), whatever the infractions
+    idle = facts(3, speed_kmh=[0, 60, 0], comfort_violations=[0, 6, 0], outside_lanes=[1, 0, 0])
+    assert np.allclose(r(idle), 0.0)
+    # its parameters are relabelling knobs: a gentler outside-lanes factor re-scores the same facts
+    assert make_reward("carl", outside_lanes_factor=0.5)(b)[2] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="ttc_factor must be in"):
+        make_reward("carl", ttc_factor=1.5)
+    with pytest.raises(ValueError, match="speed_limit_kmh must be a positive"):
+        make_reward("carl", speed_limit_kmh=0.0)
+
+
+def test_carl_config_sets_its_env_termination():
+    """configs/reward/carl.yaml names the reward, its params and the env's red-light termination."""
+    from pathlib import Path
+
+    import yaml
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "reward" / "carl.yaml").read_text())
+    assert cfg["reward"]["name"] == "carl" and cfg["env"]["terminate_red_light"] is True
+    assert set(cfg["reward"]["params"]) == set(reward_params("carl"))
+    assert make_reward("carl", **cfg["reward"]["params"])(facts(1, route_completion=[1.0]))[0] == 1.0

@@ -25,6 +25,7 @@ from ..maps.routing import nearest_spawn, random_route
 from ..sim.config import DENSITIES, SimConfig, check_options, density_config
 from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
 from ..sim.world import LiteWorld
+from .infractions import InfractionMonitor
 from .routes import eval_routes
 from .tracker import RouteTracker, corridor_lead, route_commands, route_stops
 
@@ -39,8 +40,11 @@ FACT_KEYS = (
     "collision_class", "collision_speed_kmh", "collision_other_speed_kmh", "offroad",
     "stuck_time", "light_state", "light_distance", "lead_distance", "lead_speed_kmh",
     "overtakes", "failure", "task_reward", "time", "command", "critical_count", "risk_id",
+    # CaRL's facts (envs/infractions.py)
+    "route_completion", "red_light_run", "outside_lanes", "off_center_time",
+    "comfort_violations", "ttc_violation",
 )
-TERMINATIONS = ("collision", "off_route", "stuck", "arrived")
+TERMINATIONS = ("collision", "off_route", "stuck", "red_light", "arrived")
 TRUNCATIONS = ("distance", "max_steps", "server_lost")
 
 
@@ -63,16 +67,25 @@ class EnvConfig:
     speed_scale: float = 10.0  # m/s per unit of the observed speed
     max_episode_steps: int | None = None  # optional step limit (truncation)
     eval_traffic_seed: int = 0  # eval mode: route i runs with traffic seed eval_traffic_seed + i
+    # train mode only (evaluation keeps one protocol for every reward): running a red light ends
+    # the episode (reward=carl sets it, as CaRL's env does)
+    terminate_red_light: bool = False
+    lane_center_grace: float = 0.5  # m from the nearest lane centre before off_center_time grows
+    penalty_hold: float = 50.0  # s a comfort / TTC violation stays in its fact (CaRL: 500 ticks)
 
     def __post_init__(self):
         if isinstance(self.waypoints, bool) or not isinstance(self.waypoints, int) or self.waypoints < 1:
             raise ValueError(f"env.waypoints must be a positive integer, got {self.waypoints!r}")
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("waypoints", "max_episode_steps", "eval_traffic_seed", "terminal_penalty"):
+            if f.name in ("waypoints", "max_episode_steps", "eval_traffic_seed", "terminal_penalty",
+                          "terminate_red_light"):
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"env.{f.name} must be a positive number, got {v!r}")
+        if not isinstance(self.terminate_red_light, bool):
+            raise ValueError(f"env.terminate_red_light must be true or false, got "
+                             f"{self.terminate_red_light!r}")
         if self.max_episode_steps is not None and (not isinstance(self.max_episode_steps, int)
                                                    or self.max_episode_steps < 1):
             raise ValueError(f"env.max_episode_steps must be a positive integer or None, got "
@@ -227,6 +240,8 @@ class DriveEnv(gym.Env):
         self._lat_hist = deque([self.tracker.lateral], maxlen=c.oscillation_window)
         self._prev_accel = 0.0
         self._beside: dict[int, float] = {}  # actor id -> along-heading offset, for overtakes
+        self._infr = InfractionMonitor(self.map, c.lane_center_grace, c.penalty_hold, snap.dt)
+        self._red_run, self._route_completion = False, 0.0
         self.bev.reset()
         if self._pilot is not None:
             self._pilot.set_route(route)
@@ -249,7 +264,11 @@ class DriveEnv(gym.Env):
         self.snapshot = snap
         c, e = self.cfg, snap.ego
         self.steps += 1
+        s_before = self.tracker.s
         progress = self.tracker.update(e.x, e.y, e.yaw)
+        self._route_completion = self._infr.route_completion(self.tracker)
+        self._red_run = self._infr.red_light_run(self._stops, snap.lights.state, s_before,
+                                                 self.tracker.s, e.extent[0])
         self.distance += e.speed * snap.dt
         self._lat_hist.append(self.tracker.lateral)
         self.stuck_time = self.stuck_time + snap.dt if e.speed * 3.6 < c.stuck_speed_kmh else 0.0
@@ -261,6 +280,8 @@ class DriveEnv(gym.Env):
             termination = "off_route"
         elif self.stuck_time > c.stuck_time:
             termination = "stuck"
+        elif self._red_run and c.terminate_red_light and self.mode == "train":
+            termination = "red_light"
         arrived = not termination and self.tracker.remaining < c.arrival_distance
         if arrived:
             self.routes_completed += 1
@@ -387,6 +408,9 @@ class DriveEnv(gym.Env):
             "task_reward": float(reward), "time": snap.time,
             "command": float(self._commands[tr.idx]),
             **self._critical(snap),
+            "route_completion": float(self._route_completion),
+            "red_light_run": float(self._red_run),
+            **self._infr.facts(snap, tr, gap, lead_speed),
         }
 
     def _critical(self, snap: WorldSnapshot) -> dict:

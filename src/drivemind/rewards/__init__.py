@@ -5,6 +5,7 @@ import inspect
 from .base import Composite, Reward
 from .kinematic import ASAP, HVFR, TIRL, Chen, ChatScene, Task
 from .revolve import Revolve
+from .carl import CaRL
 from .drivemind import DriveMind
 from .drivevlm import DriveVLMSynth, drivevlm_rl
 from .semantic import AICRStatic, drivemind_static
@@ -19,6 +20,7 @@ def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
 
 REWARDS = {
     "task": Task, "hvfr": HVFR, "tirl": TIRL, "chen": Chen, "asap": ASAP, "chatscene": ChatScene,
+    "carl": CaRL,
     "revolve": Revolve, "drivemind_kinematic": _kinematic_drivemind,
     "aicr_static": AICRStatic, "drivemind_static": drivemind_static, "drivemind": DriveMind, "drivevlm_rl": drivevlm_rl,
     "vlm_rl": vlm_rl, "vlm_sr": VLMSR, "roboclip": RoboCLIP, "vlm_rm": VLMRM, "lord": LORD,
@@ -48,7 +50,7 @@ def make_reward(name: str, **kwargs) -> Reward:
     return REWARDS[name](**kwargs)
 
 
-__all__ = ["AICRStatic", "ASAP", "DriveMind", "DriveVLMSynth", "drivevlm_rl", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
+__all__ = ["AICRStatic", "ASAP", "CaRL", "DriveMind", "DriveVLMSynth", "drivevlm_rl", "HVFR", "REWARDS", "TIRL", "Chen", "ChatScene", "Composite",
            "Revolve", "Reward", "Task", "drivemind_static", "make_reward", "reward_params",
            "CLG", "LORD", "LORDSpeed", "RoboCLIP", "VLMRLSynth", "VLMRM", "VLMSR", "vlm_rl",
            "FoundRLClip", "found_rl_clip"]
