@@ -190,3 +190,10 @@ def test_train_script_rejects_with_one_line_and_no_run_dir(tmp_path):
     res = run_train(tmp_path, f"resume={tmp_path / 'nope'}")
     assert res.returncode == 2 and "nothing to resume" in res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_run_may_stop_before_learning_starts(base):
+    """learning_starts cannot be changed on resume, so it is not held against a resumed budget."""
+    cfg = with_values(base["sac"], total_timesteps=500, algo__learning_starts=1000)
+    assert config_problems(cfg, resumed=True) == []
+    assert len(config_problems(cfg)) == 1

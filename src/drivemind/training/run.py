@@ -103,7 +103,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     entry = None
     if resume:
         cfg, entry = resumed_config(run_dir, cfg)
-    validate_config(cfg)
+    validate_config(cfg, resumed=resume)
     if not resume:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))

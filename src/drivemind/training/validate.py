@@ -160,7 +160,7 @@ def _check_run(c: _Checker) -> tuple[int | None, int]:
     return total, n_envs or 1
 
 
-def _check_sac(c: _Checker, total: int | None, n_envs: int):
+def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
     c.num("algo.learning_rate", 0, lo_open=True)
     buffer_size = c.int("algo.buffer_size", 1)
     batch = c.int("algo.batch_size", 1)
@@ -169,7 +169,8 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int):
     if buffer_size is not None and buffer_size < n_envs:
         c.bad("algo.buffer_size", buffer_size, f"must be >= n_envs={n_envs} (one slot per env at least)")
     starts = c.int("algo.learning_starts", 0)
-    if starts is not None and total is not None and starts >= total:
+    if starts is not None and total is not None and starts >= total and not resumed:
+        # (a resumed run cannot change learning_starts; a budget cut short there is allowed)
         c.bad("algo.learning_starts", starts,
               f"must be < total_timesteps={total} (no gradient step would run): lower "
               f"algo.learning_starts or raise total_timesteps")
@@ -252,9 +253,11 @@ def _check_reward(c: _Checker):
         c.bad("reward.params", params, "must be a mapping of the reward's parameters")
 
 
-def config_problems(cfg: dict) -> list[str]:
+def config_problems(cfg: dict, resumed: bool = False) -> list[str]:
     """Every setting in ``cfg`` (a resolved config dict, as ``train()`` takes) outside its valid
-    range, one message each; empty when the config is fine."""
+    range, one message each; empty when the config is fine. ``resumed``: the config of a run
+    being resumed (``learning_starts`` is then not held against the new budget: it cannot be
+    changed on resume)."""
     if not isinstance(cfg, dict):
         return [f"the config must be a mapping, got {type(cfg).__name__}"]
     c = _Checker(cfg)
@@ -264,17 +267,17 @@ def config_problems(cfg: dict) -> list[str]:
         c.problems.append(f"algo.name={None if algo is _MISSING else algo!r} is invalid: "
                           f"valid: {', '.join(ALGOS)} (choose algo=<name>)")
     elif algo == "sac":
-        _check_sac(c, total, n_envs)
+        _check_sac(c, total, n_envs, resumed)
     else:
         _check_ppo(c, n_envs)
     _check_reward(c)
     return c.problems
 
 
-def validate_config(cfg: dict) -> None:
+def validate_config(cfg: dict, resumed: bool = False) -> None:
     """Raise :class:`ConfigError` (one line naming every bad key, its value and the valid range)
-    when ``cfg`` holds a nonsense setting."""
-    problems = config_problems(cfg)
+    when ``cfg`` holds a nonsense setting (``resumed``: as in :func:`config_problems`)."""
+    problems = config_problems(cfg, resumed)
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -304,14 +307,15 @@ def _check_job(config, given: list[str], prefix: str = ""):
     cfg = _task_config(config)
     if cfg is None:
         return
-    if cfg.get("resume"):
+    resumed = bool(cfg.get("resume"))
+    if resumed:
         from .run import resume_changes, resumed_config
 
         try:
             cfg, _ = resumed_config(cfg["resume"], resume_changes(cfg, given))
         except FileNotFoundError as e:
             _fail(f"{prefix}{e}")
-    problems = config_problems(cfg)
+    problems = config_problems(cfg, resumed)
     if problems:
         _fail(prefix + "; ".join(problems))
 
