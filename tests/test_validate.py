@@ -179,6 +179,7 @@ def test_train_script_rejects_with_one_line_and_no_run_dir(tmp_path):
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [
         "error: algo.batch_size=0 is invalid: must be an integer >= 1"]
+    assert "[drivemind] run directory" not in res.stdout  # the task never started
     assert list(tmp_path.iterdir()) == []  # no outputs/, no .hydra, no run directory
 
     res = run_train(tmp_path, "-m", "total_timesteps=-5", "seed=0,1")  # a sweep: no sweep dir either

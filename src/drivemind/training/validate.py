@@ -338,7 +338,8 @@ class ValidateBeforeRun(Callback):
         from omegaconf import OmegaConf
 
         target = OmegaConf.select(config, "hydra.sweeper._target_")
-        if target != f"{BasicSweeper.__module__}.{BasicSweeper.__name__}" or not GlobalHydra.instance().is_initialized():
+        basic = f"{BasicSweeper.__module__}.{BasicSweeper.__name__}"
+        if target != basic or not GlobalHydra.instance().is_initialized():
             return
         loader = GlobalHydra.instance().config_loader()
         params = OmegaConf.select(config, "hydra.sweeper.params") or {}
