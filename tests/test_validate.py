@@ -124,6 +124,11 @@ def test_shipped_configs_pass(overrides):
     assert config_problems(config(*overrides)) == []
 
 
+@pytest.mark.parametrize("reward", sorted(p.stem for p in (REPO / "configs" / "reward").glob("*.yaml")))
+def test_every_reward_config_passes(reward):
+    assert config_problems(config(f"reward={reward}")) == []
+
+
 def test_values_that_look_odd_but_are_valid(base):
     ok = with_values(base["sac"], total_timesteps=1e6, algo__gradient_steps=-1, algo__ent_coef="auto_0.1",
                      algo__train_freq=[1, "episode"], algo__gamma=1.0, algo__tau=1.0, device="cuda:1",
