@@ -295,6 +295,7 @@ def bench_train(args) -> dict:
 
     import drivemind  # noqa: F401
     from drivemind.agents import DriveSAC
+    from drivemind.agents.sb3_logger import use_default_logger
     from drivemind.rewards import make_reward
 
     if args.threads:
@@ -310,6 +311,7 @@ def bench_train(args) -> dict:
         # stock SB3: MultiInputPolicy (NatureCNN per image + flatten), DictReplayBuffer
         "sb3": SAC("MultiInputPolicy", env(), **common),
     }
+    use_default_logger(models["sb3"])  # stock SAC would make an SB3-<date> folder in the temp dir
     obs_shape = list(models["sb3"].observation_space["bev"].shape)
     rates = _alternate_rounds(models, args.warmup, args.steps, args.rounds)
     ours, sb3 = (statistics.median(rates[k]) for k in ("drivemind", "sb3"))

@@ -40,9 +40,8 @@ def _main(cfg: DictConfig) -> dict:
     run_dir = Path(resume) if resume else Path(HydraConfig.get().runtime.output_dir)
     print(f"[drivemind] run directory: {run_dir}", flush=True)
     if resume:  # only what the command line sets explicitly may change a resumed run
-        from drivemind.training.run import RESUME_KEYS
-        given = {o.split("=", 1)[0].lstrip("+~") for o in HydraConfig.get().overrides.task}
-        c_train = {k: c[k] for k in RESUME_KEYS if k in given}
+        from drivemind.training.run import resume_changes
+        c_train = resume_changes(c, list(HydraConfig.get().overrides.task))
     else:
         c_train = c
     summary = train(c_train, run_dir, resume=bool(resume))

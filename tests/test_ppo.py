@@ -21,6 +21,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import drivemind  # noqa: F401  (registers DriveMind-v0)
 from drivemind.agents.ppo import DrivePPO
+from drivemind.agents.sb3_logger import use_default_logger
 from drivemind.envs import FACT_KEYS
 from drivemind.rewards import Reward, make_reward
 
@@ -41,8 +42,10 @@ def make_model(reward, venv=None, cls=DrivePPO, n_steps=N_STEPS, **kw):
     venv = make_venv() if venv is None else venv
     if cls is DrivePPO:
         kw["reward_fn"] = reward
-    return cls("MultiInputPolicy", venv, n_steps=n_steps, batch_size=16, n_epochs=1, seed=0,
-               device="cpu", policy_kwargs=TINY, **kw)
+    model = cls("MultiInputPolicy", venv, n_steps=n_steps, batch_size=16, n_epochs=1, seed=0,
+                device="cpu", policy_kwargs=TINY, **kw)
+    use_default_logger(model)  # stock PPO too: no SB3-<date> folder in the system temp dir
+    return model
 
 
 class Recorder(BaseCallback):

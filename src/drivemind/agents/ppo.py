@@ -91,6 +91,7 @@ from ..rewards import Reward, make_reward
 from .embedding import (BATCH_KEYS, VIEW_KEY, bev_shape, build_image_encoder, can_embed_rgb,  # noqa: F401
                         check_encoder, needs_embedding, needs_obs_embedding, run_prepare,
                         sample_triples, split_needs, wants_view_embedding, warn_bev_only)
+from .sb3_logger import use_default_logger
 
 
 def as_reward(reward_fn) -> Reward:
@@ -328,6 +329,7 @@ class DrivePPO(PPO):
             hint = f" (it was trained with {self.reward_name!r})" if self.reward_name else ""
             raise RuntimeError(f"DrivePPO has no reward function{hint}: pass reward_fn to load() "
                                f"or call set_reward() before learn()")
+        use_default_logger(self)  # no SB3-<date> folder in the system temp dir
         return super()._setup_learn(*args, **kwargs)
 
     @staticmethod

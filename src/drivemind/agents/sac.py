@@ -60,6 +60,7 @@ from .embedding import (ENCODERS, bev_shape, build_image_encoder, can_embed_rgb,
                         wants_view_embedding, warn_bev_only)
 from .extractor import DriveExtractor
 from .reward_service import SERVICE_DEFAULTS
+from .sb3_logger import use_default_logger
 
 
 class DriveSACPolicy(MultiInputPolicy):
@@ -179,6 +180,10 @@ class DriveSAC(SAC):
                          replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
         if reward_fn is not None and self.reward_service is not None and hasattr(reward_fn, "use_service"):
             reward_fn.use_service(self.reward_service)
+
+    def _setup_learn(self, *args, **kwargs):
+        use_default_logger(self)  # no SB3-<date> folder in the system temp dir
+        return super()._setup_learn(*args, **kwargs)
 
     # ------------------------------------------------------------------ rewards
     def _require_reward(self):

@@ -24,6 +24,7 @@ from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec
                     observation_signature)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
                         save_checkpoint)
+from .validate import validate_config
 
 
 def _setup_logger(model, cfg: dict, run_dir: Path, resume: bool = False):
@@ -70,31 +71,48 @@ RESUME_KEYS = ("total_timesteps", "max_minutes", "torch_threads", "progress_bar"
                "log_interval", "verbose")
 
 
+def resume_changes(cfg: dict, overrides: list[str]) -> dict:
+    """What a resumed run takes from ``cfg``: the ``RESUME_KEYS`` set explicitly by
+    ``overrides`` (Hydra's command-line overrides, e.g. ``["total_timesteps=2000"]``)."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return {k: cfg[k] for k in RESUME_KEYS if k in given and k in cfg}
+
+
+def resumed_config(run_dir: str | Path, changes: dict) -> tuple[dict, dict]:
+    """The config a resumed run continues with (the one saved in ``run_dir`` with the
+    ``RESUME_KEYS`` that ``changes`` holds) and its latest checkpoint entry; FileNotFoundError
+    when ``run_dir`` holds no run to resume."""
+    run_dir = Path(run_dir)
+    saved_cfg = run_dir / "config.yaml"
+    entry = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if entry is None or not saved_cfg.exists():
+        raise FileNotFoundError(f"nothing to resume in {run_dir}: it needs config.yaml and "
+                                f"checkpoints/latest.json (was the run started by scripts/train.py?)")
+    cfg = {**yaml.safe_load(saved_cfg.read_text()), **{k: changes[k] for k in RESUME_KEYS if k in changes}}
+    return cfg, entry
+
+
 def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     """Train as ``cfg`` says, writing everything into ``run_dir``. With ``resume``, continue the
     run in ``run_dir`` from its latest checkpoint (model, optimiser state and replay buffer) with
-    the config saved there; ``cfg`` then only contributes the ``RESUME_KEYS`` it holds."""
+    the config saved there; ``cfg`` then only contributes the ``RESUME_KEYS`` it holds.
+
+    The settings are checked first (``validate.validate_config``): a bad one raises ConfigError
+    before ``run_dir`` is created or written."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_dir = run_dir / "checkpoints"
     entry = None
     if resume:
-        saved_cfg = run_dir / "config.yaml"
-        entry = latest_checkpoint(run_dir)
-        if entry is None or not saved_cfg.exists():
-            raise FileNotFoundError(f"nothing to resume in {run_dir}: it needs config.yaml and "
-                                    f"checkpoints/latest.json (was the run started by scripts/train.py?)")
-        cfg = {**yaml.safe_load(saved_cfg.read_text()),
-               **{k: cfg[k] for k in RESUME_KEYS if k in cfg}}
-    else:
+        cfg, entry = resumed_config(run_dir, cfg)
+    validate_config(cfg, resumed=resume)
+    if not resume:
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
     if int(cfg.get("torch_threads") or 0) > 0:
         import torch as th
         th.set_num_threads(int(cfg["torch_threads"]))
-    total = int(cfg.get("total_timesteps", 0))
-    if total < 1:
-        raise ValueError(f"total_timesteps must be >= 1, got {total}")
+    total = int(cfg["total_timesteps"])
     reward_fn = make_reward_from_cfg(cfg)
     venv = make_vec_env(cfg)
     algo = cfg["algo"]["name"]
