@@ -185,3 +185,48 @@ def test_bench_learn_prints_the_figures(tmp_path, capsys):
         assert k in res, k
     assert res["env_steps"] > 0 and 0 <= res["route_completion"] <= 1
     assert Path(res["curve"]).exists()
+
+
+def test_n_step_returns_stop_at_episode_ends_unlabelled_rows_and_the_write_position():
+    from gymnasium import spaces
+
+    from drivemind.agents.buffer import LABELLED, PENDING
+
+    space = spaces.Dict({"x": spaces.Box(-1e6, 1e6, (1,), np.float32)})
+    buf = RelabelReplayBuffer(8, space, spaces.Box(-1, 1, (2,), np.float32), fact_keys=("f",),
+                              n_steps=3, gamma=0.5)
+    dones = [0, 0, 0, 1, 0, 0]  # an episode of 4 transitions, then one of 2 (still running)
+    for t, d in enumerate(dones):
+        buf.add({"x": np.array([[t]], np.float32)}, {"x": np.array([[t + 1]], np.float32)},
+                np.zeros((1, 2)), np.zeros(1), np.array([d]), [{"f": 0.0}])
+    buf.rewards[:6, 0] = [1, 2, 4, 8, 16, 32]
+    buf.labels[:6, 0] = LABELLED
+    buf.labels[5, 0] = PENDING  # not yet labelled: never part of a return
+    s = buf._get_samples(np.array([0, 1, 2, 3, 4]))
+    np.testing.assert_allclose(s.rewards[:, 0].numpy(), [1 + 1 + 1, 2 + 2 + 2, 4 + 4, 8, 16])
+    np.testing.assert_allclose(s.discounts[:, 0].numpy(), [0.125, 0.125, 0.25, 0.5, 0.5])
+    # the next observation is the last summed transition's; dones from it
+    np.testing.assert_allclose(s.next_observations["x"][:, 0].numpy(), [3, 4, 4, 4, 5])
+    np.testing.assert_allclose(s.dones[:, 0].numpy(), [0, 1, 1, 1, 0])
+    one = RelabelReplayBuffer(8, space, spaces.Box(-1, 1, (2,), np.float32), fact_keys=("f",))
+    assert one.n_steps == 1
+    with pytest.raises(ValueError, match="n_steps"):
+        RelabelReplayBuffer(8, space, spaces.Box(-1, 1, (2,), np.float32), fact_keys=("f",), n_steps=0)
+
+
+def test_fast_path_checkpoint_resumes_with_its_buffer(tmp_path):
+    over = ["experiment=fast", "town=grid", "logger=quiet", "progress_bar=false", "total_timesteps=150",
+            "algo.learning_starts=60", "algo.batch_size=16", "algo.buffer_size=1000", "algo.n_steps=3",
+            "checkpoint_every=0", "+env.max_episode_steps=40"]
+    run = tmp_path / "run"
+    s1 = train(_cfg(over), run)
+    assert s1["steps"] == 150
+    s2 = train(_cfg(over[:4] + ["total_timesteps=250"] + over[5:]), run, resume=True)
+    assert s2["steps"] == 250 and s2["resumed_from"] == 150
+    from drivemind.training.callbacks import latest_checkpoint
+
+    ck = latest_checkpoint(run)
+    m = DriveSAC.load(ck["model"], reward_fn=make_reward("drivemind_kinematic"))
+    m.load_replay_buffer(ck["buffer"])
+    buf = m.replay_buffer
+    assert not buf.store_images and buf.n_steps == 3 and buf.counts()["labelled"] >= 200

@@ -99,7 +99,8 @@ class RelabelReplayBuffer(ReplayBuffer):
                  embedding_dim: int = 0, palette_size: int = 64, scale_images: bool = False,
                  check_memory: bool = True, obs_embeddings: bool = False,
                  columns: dict | None = None, keep_views: bool = False, max_views: int = 1024,
-                 store_images: bool = True, sample_images: bool = True):
+                 store_images: bool = True, sample_images: bool = True, n_steps: int = 1,
+                 gamma: float = 0.99):
         if not isinstance(observation_space, spaces.Dict):
             raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -119,6 +120,9 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.store_images = bool(store_images)
         self.sample_images = bool(sample_images) and self.store_images  # decoded by sample()
         self.image_keys = images if self.store_images else []
+        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
+            raise ValueError(f"n_steps must be a positive integer (1 = one-step returns), got {n_steps!r}")
+        self.n_steps, self.gamma = int(n_steps), float(gamma)
         self.codecs = {k: PaletteCodec(observation_space[k].shape, palette_size) for k in self.image_keys}
         self.codes = {k: np.zeros((n, e, c.HW), np.uint8) for k, c in self.codecs.items()}
         self.palettes = {k: np.zeros((n, e, c.P, c.C), np.uint8) for k, c in self.codecs.items()}
@@ -429,13 +433,41 @@ class RelabelReplayBuffer(ReplayBuffer):
                                "label_pending(reward_fn) first")
         return self._get_samples(ok[np.random.randint(0, len(ok), size=batch_size)], env)
 
+    def _n_step(self, rows: np.ndarray, envs: np.ndarray):
+        """n-step returns from the sampled transitions: rewards summed with gamma^k along the same
+        env's following transitions while they are labelled, written after the start (not across
+        the write position) and the episode goes on. Returns (last rows, returns, discounts)."""
+        n = len(rows)
+        ret = self.rewards[rows, envs].astype(np.float32).copy()
+        last = rows.copy()
+        alive = self.dones[rows, envs] == 0
+        disc = np.full(n, self.gamma, np.float32)
+        age0 = (rows - self.pos) % self.buffer_size
+        for k in range(1, self.n_steps):
+            r = (rows + k) % self.buffer_size
+            alive &= ((r - self.pos) % self.buffer_size > age0) & (self.labels[r, envs] == LABELLED)
+            if not alive.any():
+                break
+            ret[alive] += disc[alive] * self.rewards[r[alive], envs[alive]]
+            disc[alive] *= self.gamma
+            last[alive] = r[alive]
+            alive &= self.dones[r, envs] == 0
+        return last, ret, disc
+
     def _get_samples(self, slots: np.ndarray, env=None) -> DictReplayBufferSamples:
         if env is not None:
             raise ValueError("RelabelReplayBuffer does not support VecNormalize")
         rows, envs = np.divmod(slots, self.n_envs)
-        nxt_rows = (rows + 1) % self.buffer_size
-        done = self.dones[rows, envs]
-        terminal = {i: int(s) for i, s in enumerate(slots) if done[i] and int(s) in self.terminal}
+        discounts = None
+        if self.n_steps > 1:
+            last, rewards, disc = self._n_step(rows, envs)
+            discounts = th.from_numpy(disc).reshape(-1, 1).to(self.device)
+        else:
+            last, rewards = rows, self.rewards[rows, envs]
+        nxt_rows = (last + 1) % self.buffer_size
+        done = self.dones[last, envs]
+        last_slots = last * self.n_envs + envs
+        terminal = {i: int(s) for i, s in enumerate(last_slots) if done[i] and int(s) in self.terminal}
         # one decode for obs and next obs together
         both = self._read_rows(np.concatenate([rows, nxt_rows]), np.concatenate([envs, envs]),
                                {i + len(rows): s for i, s in terminal.items()}, self.scale_images,
@@ -448,8 +480,9 @@ class RelabelReplayBuffer(ReplayBuffer):
             observations=obs,
             actions=th.from_numpy(self.actions[rows, envs]).to(dev),
             next_observations=nxt,
-            dones=th.from_numpy(done * (1.0 - self.timeouts[rows, envs])).reshape(-1, 1).to(dev),
-            rewards=th.from_numpy(self.rewards[rows, envs]).reshape(-1, 1).to(dev),
+            dones=th.from_numpy(done * (1.0 - self.timeouts[last, envs])).reshape(-1, 1).to(dev),
+            rewards=th.from_numpy(np.asarray(rewards, np.float32)).reshape(-1, 1).to(dev),
+            discounts=discounts,
         )
 
     def observation(self, slot: int, next: bool = False) -> dict[str, np.ndarray]:

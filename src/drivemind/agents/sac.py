@@ -155,7 +155,8 @@ class DriveSAC(SAC):
         self.reward_state: dict | None = None
         if replay_buffer_class is None:
             replay_buffer_class = RelabelReplayBuffer
-            replay_buffer_kwargs = {"scale_images": True, **(replay_buffer_kwargs or {})}
+            replay_buffer_kwargs = {"scale_images": True, "gamma": kwargs.get("gamma", 0.99),
+                                    **(replay_buffer_kwargs or {})}
         if needs_embedding(reward_fn) and issubclass(replay_buffer_class, RelabelReplayBuffer):
             from ..vlm.text import TEXT_DIM
             dim = TEXT_DIM
@@ -512,7 +513,8 @@ class DriveSAC(SAC):
                 next_actions, next_log_prob = policy.actor_from_features(next_features)
                 next_q = q_from_features(self.critic_target, next_features, next_actions)
                 next_q = th.min(next_q, dim=1, keepdim=True)[0] - ent_coef * next_log_prob.reshape(-1, 1)
-                target_q = data.rewards + (1 - data.dones) * self.gamma * next_q
+                discount = data.discounts if data.discounts is not None else self.gamma  # n-step
+                target_q = data.rewards + (1 - data.dones) * discount * next_q
             current_q = q_from_features(self.critic, features, data.actions)
             critic_loss = 0.5 * sum(F.mse_loss(current_q[:, i:i + 1], target_q)
                                     for i in range(current_q.shape[1]))

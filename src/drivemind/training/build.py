@@ -133,7 +133,7 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
     try:
         if name == "sac":
             from ..agents import DriveSAC
-            rb = {"palette_size": algo.pop("palette_size", 64)}
+            rb = {"palette_size": algo.pop("palette_size", 64), "n_steps": algo.pop("n_steps", 1)}
             emb = algo.pop("embedding_dim", None)
             if emb is not None:  # None: DriveSAC sizes the slot from the reward (384 if it needs one)
                 rb["embedding_dim"] = emb

@@ -172,6 +172,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
         c.bad("algo.batch_size", batch, f"must be <= algo.buffer_size={buffer_size}")
     if buffer_size is not None and buffer_size < n_envs:
         c.bad("algo.buffer_size", buffer_size, f"must be >= n_envs={n_envs} (one slot per env at least)")
+    c.int("algo.n_steps", 1, why=" (n-step returns; 1 = one-step)")
     starts = c.int("algo.learning_starts", 0)
     if starts is not None and total is not None and starts >= total and not resumed:
         # (a resumed run cannot change learning_starts; a budget cut short there is allowed)
