@@ -74,6 +74,25 @@ def test_hvfr_factors_veto_and_context_speed():
     assert f["angle"][0] == pytest.approx(0.5) and f["stability"][0] == pytest.approx(0.5)
 
 
+def test_standing_still_on_a_free_road_never_pays_hvfr():
+    """The shaping bug that made SAC stand still (issue 14): the paper's speed factor pays
+    1 - 22.5/35 = 0.36 per step at rest on a free road; the default ramp pays 0 there, 1 at the
+    target and still 1 for a full stop before a red light or a car."""
+    free = dict(lead_distance=[50.0] * 3, light_state=[-1.0] * 3, light_distance=[50.0] * 3)
+    b = facts(n=3, speed_kmh=[0.0, 11.25, 22.5], progress=[0.0, 0.3125, 0.625], **free)
+    for r in (HVFR(), make_reward("drivemind_kinematic")):
+        v = r(b)
+        assert v[0] == pytest.approx(0.0) and v[0] < v[1] < v[2], r.name
+    assert HVFR()(b)[1] == pytest.approx(0.5)
+    paper = HVFR(below_target="paper")(b)
+    assert paper[0] == pytest.approx(1 - 22.5 / 35)  # the paper's formula, kept as an option
+    stop = facts(n=2, speed_kmh=[0.0, 0.0], light_state=[2.0, -1.0], light_distance=[1.0, 50.0],
+                 lead_distance=[50.0, 1.5])
+    assert np.allclose(HVFR()(stop), 1.0)  # a full stop before a red light / a stopped car
+    with pytest.raises(ValueError, match="below_target"):
+        HVFR(below_target="flat")
+
+
 def test_reweighting_rescores_without_touching_facts():
     b = facts(progress=[1.0, 2.0, 0.0, 0.5], failure=[0, 0, 1, 0], speed_kmh=[20, 22, 0, 30])
     before = {k: v.copy() for k, v in b.items()}

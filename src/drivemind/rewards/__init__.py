@@ -13,9 +13,11 @@ from .contrastive import CLG, LORD, VLMRM, VLMSR, LORDSpeed, RoboCLIP, VLMRLSynt
 from .found_rl import FoundRLClip, found_rl_clip
 
 
-def _kinematic_drivemind(rho1: float = 1.0) -> Composite:
-    """DriveMind's kinematic part: task + rho1 x HVFR (the semantic terms arrive later)."""
-    return Composite({"task": (1.0, Task()), "hvfr": (rho1, HVFR())}, name="drivemind_kinematic")
+def _kinematic_drivemind(rho1: float = 1.0, below_target: str = "ramp") -> Composite:
+    """DriveMind's kinematic part: task + rho1 x HVFR (``below_target``: HVFR's speed factor below
+    the target speed, ``ramp`` or the paper's ``paper``)."""
+    return Composite({"task": (1.0, Task()), "hvfr": (rho1, HVFR(below_target=below_target))},
+                     name="drivemind_kinematic")
 
 
 REWARDS = {

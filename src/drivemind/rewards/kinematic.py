@@ -39,9 +39,13 @@ class HVFR(Reward):
     """R_synth = r_speed x f_center x f_angle x f_stability, each in [0, 1] (a product: any factor
     at 0 vetoes the whole term).
 
-    - r_speed: 1 - |v - v_target| / v_max, clipped to [0, 1]. v_target is ``target_kmh`` scaled
-      down towards 0 as the gap to an obstacle that requires stopping (lead actor, red or yellow
-      light) shrinks below ``stop_distance`` ("context-appropriate target velocities").
+    - r_speed: below the target (``below_target="ramp"``, the default) v / v_target, so standing
+      still on a free road pays 0 and a full stop before an obstacle pays 1; above it
+      1 - (v - v_target) / v_max. v_target is ``target_kmh`` scaled down towards 0 as the gap to an
+      obstacle that requires stopping (lead actor, red or yellow light) shrinks below
+      ``stop_distance`` ("context-appropriate target velocities"). ``below_target="paper"`` is the
+      paper's 1 - |v - v_target| / v_max on both sides: it pays 0.36 per step for standing on a free
+      road, which made SAC learn to stand still (docs/rewards.md).
     - f_center: 1 - |lateral offset| / ``max_offset``.
     - f_angle: 1 - |heading error| / ``max_angle``.
     - f_stability: 1 - lateral oscillation (std of recent offsets) / ``max_oscillation``.
@@ -54,16 +58,28 @@ class HVFR(Reward):
     max_offset: float = 2.0  # m
     max_angle: float = np.pi / 4
     max_oscillation: float = 0.5  # m
+    below_target: str = "ramp"  # ramp: 0 at rest -> 1 at the target; paper: 1 - |v - target| / v_max
     name: str = "hvfr"
     needs = ("speed_kmh", "lateral_offset", "heading_error", "lateral_oscillation", "lead_distance",
              "light_state", "light_distance")
+
+    def __post_init__(self):
+        if self.below_target not in ("ramp", "paper"):
+            raise ValueError(f"hvfr below_target must be 'ramp' or 'paper', got {self.below_target!r}")
+
+    def speed_factor(self, v, target):
+        paper = np.clip(1.0 - np.abs(v - target) / self.v_max_kmh, 0.0, 1.0)
+        if self.below_target == "paper":
+            return paper
+        ramp = np.where(target > 0, v / np.maximum(target, 1e-6), 1.0)
+        return np.where(v < target, np.clip(ramp, 0.0, 1.0), paper)
 
     def factors(self, b):
         light_stop = (b["light_state"] == 1) | (b["light_state"] == 2)
         gap = np.minimum(b["lead_distance"], np.where(light_stop, b["light_distance"], np.inf))
         target = self.target_kmh * _ramp(gap, self.standstill_gap, self.stop_distance)
         return {
-            "speed": np.clip(1.0 - np.abs(b["speed_kmh"] - target) / self.v_max_kmh, 0.0, 1.0),
+            "speed": self.speed_factor(b["speed_kmh"], target),
             "center": np.clip(1.0 - np.abs(b["lateral_offset"]) / self.max_offset, 0.0, 1.0),
             "angle": np.clip(1.0 - np.abs(b["heading_error"]) / self.max_angle, 0.0, 1.0),
             "stability": np.clip(1.0 - b["lateral_oscillation"] / self.max_oscillation, 0.0, 1.0),
