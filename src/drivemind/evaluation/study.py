@@ -34,6 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -300,11 +301,11 @@ def method_curves(report: dict, points: int = GRID_POINTS) -> dict:
                 inside = (grid >= c["steps"][0]) & (grid <= c["steps"][-1])
                 ys[i, inside] = np.interp(grid[inside], c["steps"], c[k])
             n = np.sum(np.isfinite(ys), axis=0)
-            with np.errstate(invalid="ignore"), np.testing.suppress_warnings() as sup:
-                sup.filter(RuntimeWarning)
+            with warnings.catch_warnings():  # columns with one run (ddof) or none (all NaN)
+                warnings.simplefilter("ignore", RuntimeWarning)
                 mean = np.nanmean(ys, axis=0)
-                std = np.where(n >= 2, np.nanstd(ys, axis=0, ddof=1) if len(curves) > 1 else 0.0, 0.0)
-            res[k] = (mean, np.nan_to_num(std), n)
+                sd = np.nanstd(ys, axis=0, ddof=1)
+            res[k] = (mean, np.where(n >= 2, np.nan_to_num(sd), 0.0), n)
         out[m["label"]] = res
     return {"grid": grid, "methods": out}
 
