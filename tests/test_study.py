@@ -182,6 +182,18 @@ def test_report_script_writes_files_and_json(study, tmp_path, capsys):
     assert {r["method"] for r in curves} == set(last["methods"])  # from the real episodes.csv
 
 
+def test_archive_keeps_what_the_report_needs(study, tmp_path, capsys):
+    root, a, b = study
+    out = tmp_path / "results"
+    first = load_script("report").main([str(a), str(b), "--out", str(out), "--archive"])
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(runs) == 9 and "2-chen-s2" in runs
+    assert not list((out / "runs").rglob("*.zip")) and not list((out / "runs").rglob("*.pkl"))
+    assert (out / "runs" / "0-dm-s0" / "eval" / "Town02-regular" / "metrics.json").is_file()
+    again = load_script("report").main([str(out / "runs"), "--out", str(tmp_path / "rebuilt")])
+    assert again["rows"] == first["rows"] and again["failed"] == first["failed"]
+
+
 def test_report_splits_methods_on_any_other_swept_key(real_run, tmp_path):
     for s in range(2):
         for lr in (1e-4, 3e-4):

@@ -238,6 +238,38 @@ def build_report(runs: list[dict]) -> dict:
             "published": published}
 
 
+ARCHIVED = ("config.yaml", "summary.json", "obs_signature.json", "logs/episodes.csv",
+            "eval/*/metrics.json", "eval/*/routes.csv", "eval/*/metrics.md")
+
+
+def archive_runs(runs: list[dict], dest) -> list[Path]:
+    """Copy what a report needs of each run (``ARCHIVED``: config, summary, episodes, evaluation
+    JSON/CSV/markdown; no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run
+    name>`` where two runs share a name), so the report can be rebuilt from ``dest`` alone
+    (``docs/results/runs``). Returns the new folders."""
+    import shutil
+    from collections import Counter
+
+    dest = Path(dest)
+    out, used = [], set()
+    count = Counter(r["name"] for r in runs)
+    for r in runs:
+        name = r["name"] if count[r["name"]] == 1 else f"{r['path'].parent.name}-{r['name']}"
+        base, i = name, 1
+        while name in used:
+            i += 1
+            name = f"{base}-{i}"
+        used.add(name)
+        target = dest / name
+        for pattern in ARCHIVED:
+            for f in r["path"].glob(pattern):
+                rel = f.relative_to(r["path"])
+                (target / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, target / rel)
+        out.append(target)
+    return out
+
+
 # ---------------------------------------------------------------------------- curves
 
 
