@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from omegaconf import OmegaConf
 
 from drivemind.evaluation import compute_metrics, write_reports
 from drivemind.evaluation.metrics import EpisodeRecord
-from drivemind.evaluation.study import build_report, find_runs, method_curves, write_study_report
+from drivemind.evaluation.study import build_report, find_runs, method_curves
 from drivemind.naming import MAX_LEN
 from drivemind.training import train
 from drivemind.training.evaluate import evaluate_run
