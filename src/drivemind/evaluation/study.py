@@ -371,7 +371,8 @@ def report_markdown(report: dict, curves_png: str | None, eval_pngs: dict) -> st
              f"- methods are told apart by: {', '.join(report['keys'])}",
              "- cells: mean ± sample std over the method's runs (no std with one run); "
              "`missing`: no run of the method has that evaluation; published rows are the papers' "
-             "(CARLA, mean ± std over 3 seeds)", ""]
+             "(CARLA, mean ± std over 3 seeds); ICT of a run without collision is its step count, a "
+             "lower bound", ""]
     lines += ["## Runs", "", "Paths: `runs.csv`.", "", *_table(
         ["method", "seed", "status", "env steps", "wall (min)", "evaluations", "run"],
         [[r.get("method", "?"), str(r["seed"]), r["status"], str(r["steps"] if r["steps"] is not None else "-"),
