@@ -42,6 +42,8 @@ def compose(overrides: list[str]) -> dict:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
+    import drivemind  # noqa: F401  (registers the run-name resolvers configs/config.yaml uses)
+
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = h_compose("config", overrides=list(overrides))
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)

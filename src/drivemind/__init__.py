@@ -17,3 +17,7 @@ def _register() -> None:
 
 
 _register()
+
+from .naming import register_resolvers as _register_resolvers  # noqa: E402
+
+_register_resolvers()  # run/sweep names in configs/config.yaml

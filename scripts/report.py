@@ -1,0 +1,66 @@
+#!/usr/bin/env python
+"""Aggregate a study: training runs grouped by method, mean ± std over seeds per evaluation town x
+density, learning curves across seeds, and the papers' published numbers beside ours.
+
+    python scripts/report.py outputs/sweeps/2026-11-24/10-00-00 outputs/sweeps/2026-11-25/09-12-00 \
+        --out docs/results --json
+
+Arguments are run directories or folders holding them (sweeps, outputs/); they are searched
+recursively and merged. Writes report.md, table.csv, runs.csv, curves.csv, curves.png and
+eval_<town>-<density>.png into --out (default: outputs/report); --archive also copies what the
+report reads of every run (no checkpoints) to <out>/runs/, from which it can be rebuilt. Methods are told apart by
+reward, ablation, algorithm and any other config key that varies across the runs (not seed);
+failed runs are listed, evaluations a run lacks are shown as missing
+(drivemind.evaluation.study). With --json the last line of stdout is the summary as JSON
+(runs, methods, seeds_min, the table rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help="run directories or folders holding them (sweeps)")
+    ap.add_argument("--out", default="outputs/report", help="output folder (created)")
+    ap.add_argument("--archive", action="store_true",
+                    help="also copy each run's config, summary, episodes.csv and evaluation reports "
+                         "(no checkpoints) to <out>/runs/, from which the report can be rebuilt")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
+    args = ap.parse_args(argv)
+    from drivemind.training.cli import run_cli
+
+    return run_cli(_main, args)
+
+
+def _main(args) -> dict:
+    from drivemind.evaluation.study import archive_runs, build_report, find_runs, write_study_report
+
+    runs = find_runs(args.paths)
+    if args.archive:
+        dest = Path(args.out) / "runs"
+        if any(dest.resolve() in r["path"].resolve().parents for r in runs):
+            raise ValueError(f"--archive would copy runs into {dest}, which holds some of the runs "
+                             f"given; rebuild from an archive without --archive")
+        archive_runs(runs, dest)
+        print(f"[drivemind] archived {len(runs)} runs (no checkpoints) under {dest}", flush=True)
+    summary = write_study_report(build_report(runs), args.out)
+    print(f"[drivemind] {summary['runs']} runs, {len(summary['methods'])} methods "
+          f"(seeds per method >= {summary['seeds_min']}); evaluations: "
+          f"{', '.join(summary['evals']) or 'none'}; wrote {Path(args.out) / 'report.md'}", flush=True)
+    if summary["failed"]:
+        print(f"[drivemind] failed or incomplete: {', '.join(summary['failed'])}", flush=True)
+    if args.json:
+        print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,318 @@
+"""The study tooling (issue 16): scripts/report.py over run directories, run and sweep names that
+show every swept key, the experiment=study_* configs, and scripts/study.py's resumable evaluation.
+
+One real tiny training run (48 px BEV, 100 env steps on the built-in grid town, no traffic) gives
+the real file formats; more seeds and methods are its copies with edited configs, summaries and
+evaluation reports written by the real ``write_reports``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from drivemind.evaluation import compute_metrics, write_reports
+from drivemind.evaluation.metrics import EpisodeRecord
+from drivemind.evaluation.study import build_report, find_runs, method_curves
+from drivemind.naming import MAX_LEN
+from drivemind.training import train
+from drivemind.training.evaluate import evaluate_run
+from script_loader import load_script
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["logger=quiet", "progress_bar=false", "density=empty", "obs.bev.size=48",
+        "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32", "algo.policy_kwargs.net_arch=[32]",
+        "+env.max_episode_steps=30", "log_interval=1", "algo.learning_starts=50", "algo.batch_size=16",
+        "algo.buffer_size=1000", "checkpoint_every=0"]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def compose_cfg(*overrides: str, hydra_cfg: bool = False):
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def resolved(*overrides: str) -> dict:
+    return OmegaConf.to_container(compose_cfg(*overrides), resolve=True)
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """A real 100-step training run, evaluated for real on one grid route."""
+    run_dir = tmp_path_factory.mktemp("real") / "run"
+    train(resolved(*TINY, "total_timesteps=100"), run_dir)
+    evaluate_run(run_dir, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=30)
+    return run_dir
+
+
+def records(arrived: int, collided: int, n: int = 10, speed: float = 20.0) -> list[EpisodeRecord]:
+    """``n`` route records: the first ``arrived`` reach their goal, the last ``collided`` collide."""
+    out = []
+    for i in range(n):
+        hit = i >= n - collided
+        out.append(EpisodeRecord(route_index=i, steps=100, distance_m=100.0 * (i + 1), duration_s=10.0,
+                                 mean_speed_kmh=speed, arrived=i < arrived, completion=1.0 if i < arrived else 0.5,
+                                 routes_completed=float(i < arrived), collisions=int(hit),
+                                 collision_speeds_kmh=[speed / 2] if hit else [],
+                                 termination="collision" if hit else ""))
+    return out
+
+
+def make_run(real: Path, dest: Path, *, seed: int, reward: dict, algo: str = "sac", evals=None,
+             status: str = "finished", extra: dict | None = None) -> Path:
+    """A copy of the real run with another config/summary and the given evaluations
+    ``{(town, density): records}`` written by the real report writer."""
+    shutil.copytree(real, dest, ignore=shutil.ignore_patterns("eval", "checkpoints", "wandb"))
+    cfg = yaml.safe_load((dest / "config.yaml").read_text())
+    cfg["seed"], cfg["reward"] = seed, reward
+    cfg["algo"]["name"] = algo
+    for k, v in (extra or {}).items():
+        node = cfg
+        *path, last = k.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = v
+    (dest / "config.yaml").write_text(yaml.safe_dump(cfg))
+    summary = json.loads((dest / "summary.json").read_text())
+    summary["status"] = status
+    (dest / "summary.json").write_text(json.dumps(summary))
+    for (town, density), recs in (evals or {}).items():
+        write_reports(dest / "eval" / f"{town}-{density}", compute_metrics(recs),
+                      recs, {"town": town, "density": density, "policy": dest.name})
+    return dest
+
+
+DM = {"name": "drivemind", "ablate": "none", "params": {"rho1": 1.0}}
+DM_AICR = {"name": "drivemind", "ablate": "aicr", "params": {"rho1": 1.0}}
+CHEN = {"name": "chen", "params": {"w_speed": 1.0}}
+T2, T1D = ("Town02", "regular"), ("Town01", "dense")
+
+
+@pytest.fixture(scope="module")
+def study(real_run, tmp_path_factory):
+    """Two sweeps: DriveMind full and NoAICR (3 seeds; one NoAICR seed lacks Town01-dense), Chen
+    (2 finished seeds and a failed one)."""
+    root = tmp_path_factory.mktemp("study")
+    a, b = root / "sweep_a", root / "sweep_b"
+    sr = {0: (2, 0), 1: (5, 1), 2: (9, 2)}  # seed -> (arrived, collided) on Town02
+    for s in range(3):
+        make_run(real_run, a / f"{s}-dm-s{s}", seed=s, reward=DM,
+                 evals={T2: records(*sr[s]), T1D: records(s, 0)})
+        make_run(real_run, a / f"{3 + s}-dm-noaicr-s{s}", seed=s, reward=DM_AICR,
+                 evals={T2: records(1, 3 + s), **({T1D: records(0, 2)} if s != 1 else {})})
+    make_run(real_run, b / "0-chen-s0", seed=0, reward=CHEN, evals={T2: records(0, 10, speed=30)})
+    make_run(real_run, b / "1-chen-s1", seed=1, reward=CHEN, evals={T2: records(1, 9, speed=25)})
+    make_run(real_run, b / "2-chen-s2", seed=2, reward=CHEN, status="failed: RuntimeError: boom")
+    return root, a, b
+
+
+def row(report, method, town, density):
+    [r] = [r for r in report["rows"] if r["method"] == method and (r["town"], r["density"]) == (town, density)]
+    return r
+
+
+# ---------------------------------------------------------------------------- the report
+
+
+def test_report_groups_by_method_and_aggregates_over_seeds(study):
+    root, a, b = study
+    runs = find_runs([a, b])
+    assert len(runs) == 9
+    rep = build_report(runs)
+    assert rep["keys"] == ["reward.name", "reward.ablate", "algo.name"]  # reward.params do not split
+    assert [m["label"] for m in rep["methods"]] == ["chen-sac", "drivemind-noaicr-sac", "drivemind-sac"]
+    full = row(rep, "drivemind-sac", *T2)
+    srs = [2 / 10, 5 / 10, 8 / 10]  # arrived without collision: (2,0), (5,1), (9,2): route 8 both
+    assert full["n"] == 3 and full["SR"] == pytest.approx(np.mean(srs))
+    assert full["SR_std"] == pytest.approx(np.std(srs, ddof=1))
+    assert full["RC"] == pytest.approx(np.mean([0.2, 0.5, 0.9]))
+    assert full["CR"] == pytest.approx(np.mean([0.0, 0.1, 0.2]))
+    chen = row(rep, "chen-sac", *T2)  # the failed seed is listed, not averaged
+    assert chen["n"] == chen["runs"] == 2 and chen["failed"] == ["2-chen-s2"]
+    assert chen["AS"] == pytest.approx(27.5) and chen["AS_std"] == pytest.approx(np.std([30, 25], ddof=1))
+    # a run without Town01-dense is named as missing there, not dropped
+    noaicr = row(rep, "drivemind-noaicr-sac", *T1D)
+    assert noaicr["n"] == 2 and noaicr["runs"] == 3 and noaicr["missing"] == ["4-dm-noaicr-s1"]
+    # a method with no run evaluated there: the row exists with n = 0
+    assert row(rep, "chen-sac", *T1D)["n"] == 0 and row(rep, "chen-sac", *T1D)["SR"] is None
+    # the published numbers beside ours (DriveMind Table 1 and 2, Town02 regular)
+    pub = {(p["method"], p["source"]) for p in rep["published"]}
+    assert ("drivemind-sac", "DriveMind (Wasif et al.) Table 1") in pub
+    assert ("drivemind-noaicr-sac", "DriveMind (Wasif et al.) Table 2") in pub
+    assert ("chen-sac", "DriveMind (Wasif et al.) Table 1") in pub
+
+
+def test_report_script_writes_files_and_json(study, tmp_path, capsys):
+    root, a, b = study
+    out = tmp_path / "report"
+    res = load_script("report").main([str(a), str(b), "--out", str(out), "--json"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(json.dumps(res))
+    assert last["runs"] == 9 and last["seeds_min"] == 2 and last["failed"] == ["2-chen-s2"]
+    assert last["methods"] == ["chen-sac", "drivemind-noaicr-sac", "drivemind-sac"]
+    assert last["evals"] == ["Town01-dense", "Town02-regular"]
+    assert len(last["rows"]) == 3 * 2
+    for f in ("report.md", "table.csv", "runs.csv", "curves.csv", "curves.png", "eval_Town02-regular.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    md = (out / "report.md").read_text()
+    t1d = md.split("## Town01 × dense")[1].split("##")[0]
+    chen_line = next(line for line in t1d.splitlines() if line.startswith("| chen-sac"))
+    assert "missing" in chen_line and "| 0/2 |" in chen_line
+    assert "4-dm-noaicr-s1" in t1d  # the run that lacks it is named
+    assert "2-chen-s2" in md and "failed: RuntimeError: boom" in md
+    t2 = md.split("## Town02 × regular")[1].split("##")[0]
+    assert "↳ published: DriveMind (DriveMind (Wasif et al.) Table 1) | 3 | 19.4 ± 2.34" in t2
+    with open(out / "table.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    ours = [r for r in table if r["source"] == "ours" and r["method"] == "drivemind-sac"
+            and r["town"] == "Town02"]
+    assert len(ours) == 1 and float(ours[0]["SR"]) == pytest.approx(np.mean([0.2, 0.5, 0.8]))
+    with open(out / "curves.csv", newline="") as f:
+        curves = list(csv.DictReader(f))
+    assert {r["method"] for r in curves} == set(last["methods"])  # from the real episodes.csv
+
+
+def test_archive_keeps_what_the_report_needs(study, tmp_path, capsys):
+    root, a, b = study
+    out = tmp_path / "results"
+    first = load_script("report").main([str(a), str(b), "--out", str(out), "--archive"])
+    runs = sorted(p.name for p in (out / "runs").iterdir())
+    assert len(runs) == 9 and "2-chen-s2" in runs
+    assert not list((out / "runs").rglob("*.zip")) and not list((out / "runs").rglob("*.pkl"))
+    assert (out / "runs" / "0-dm-s0" / "eval" / "Town02-regular" / "metrics.json").is_file()
+    again = load_script("report").main([str(out / "runs"), "--out", str(tmp_path / "rebuilt")])
+    assert again["rows"] == first["rows"] and again["failed"] == first["failed"]
+
+
+def test_report_splits_methods_on_any_other_swept_key(real_run, tmp_path):
+    for s in range(2):
+        for lr in (1e-4, 3e-4):
+            make_run(real_run, tmp_path / f"lr{lr}-s{s}", seed=s, reward=CHEN,
+                     extra={"algo.learning_rate": lr, "torch_threads": s + 1})  # threads: ignored
+    rep = build_report(find_runs([tmp_path]))
+    assert rep["keys"] == ["reward.name", "reward.ablate", "algo.name", "algo.learning_rate"]
+    assert [m["label"] for m in rep["methods"]] == ["chen-sac [algo.learning_rate=0.0001]",
+                                                    "chen-sac [algo.learning_rate=0.0003]"]
+    assert all(len(m["seeds"]) == 2 for m in rep["methods"])
+
+
+def test_learning_curves_mean_and_band_on_a_common_grid(real_run, tmp_path):
+    """Two seeds' episodes.csv (window 1): TD 100 m over steps 0..1000 and 300 m over 0..500; the
+    mean on the grid is 200 m up to step 500 and 100 m (one run) after it."""
+    header = (real_run / "logs" / "episodes.csv").read_text().splitlines()[0].split(",")
+    for s, (dist, last) in enumerate(((100.0, 1000), (300.0, 500))):
+        run = make_run(real_run, tmp_path / f"s{s}", seed=s, reward=CHEN, extra={"metrics_window": 1})
+        with open(run / "logs" / "episodes.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=header)
+            w.writeheader()
+            for step in np.linspace(0, last, 11):
+                w.writerow({**{k: 0 for k in header}, "timesteps": int(step), "steps": 50,
+                            "distance_m": dist, "duration_s": 5.0, "mean_speed_kmh": 10.0,
+                            "arrived": False, "collisions": 0, "collision_speeds_kmh": "[]",
+                            "termination": "", "truncation": ""})
+    cur = method_curves(build_report(find_runs([tmp_path])), points=11)
+    grid = cur["grid"]
+    assert grid[0] == 0 and grid[-1] == 1000
+    mean, std, n = cur["methods"]["chen-sac"]["TD"]
+    both = grid <= 500
+    assert np.allclose(mean[both], 200.0) and np.allclose(std[both], np.std([100, 300], ddof=1))
+    assert np.allclose(mean[~both], 100.0) and np.all(n[~both] == 1) and np.allclose(std[~both], 0.0)
+
+
+def test_report_errors_clearly_without_runs(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no training run under"):
+        find_runs([tmp_path])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        find_runs([tmp_path / "nope"])
+
+
+# ---------------------------------------------------------------------------- names
+
+
+def test_sweep_folder_names_show_the_ablation_and_other_swept_keys():
+    cfg = compose_cfg("reward=drivemind", "reward.ablate=aicr", "seed=2", "algo.learning_rate=1e-4",
+                      hydra_cfg=True)
+    cfg.hydra.job.num = 7
+    sub = OmegaConf.select(cfg, "hydra.sweep.subdir")
+    assert cfg.run_name == "drivemind-noaicr-sac-grid-regular-s2"
+    assert sub == "7-drivemind-noaicr-sac-grid-regular-s2-algo.learning_rate-1e-4"
+    full = compose_cfg("reward=drivemind", "reward.ablate=none", hydra_cfg=True)
+    full.hydra.job.num = 0
+    assert OmegaConf.select(full, "hydra.sweep.subdir") == "0-drivemind-sac-grid-regular-s0"
+    long = compose_cfg("reward=chen", "+env.max_episode_steps=30", "town=custom",
+                       "town.name=/maps/My Town.xodr", "algo.policy_kwargs.net_arch=[32,32]",
+                       "reward.params.w_speed=1.5", "reward.params.w_lane=2.5", hydra_cfg=True)
+    long.hydra.job.num = 1
+    name = OmegaConf.select(long, "hydra.sweep.subdir")
+    assert long.run_name == "chen-sac-My_Town-regular-s0"
+    assert len(name) <= MAX_LEN and not set(name) & set("/\\,=[] ") and name.startswith("1-chen-sac-My_Town")
+
+
+# ---------------------------------------------------------------------------- study configs
+
+TABLE1 = ["tirl", "vlm_sr", "roboclip", "vlm_rm", "lord", "lord_speed", "chen", "asap", "chatscene",
+          "revolve", "vlm_rl", "drivevlm_rl", "found_rl_clip", "drivemind", "carl"]
+
+
+@pytest.mark.parametrize("exp,algo,rewards", [("study_table1", "sac", TABLE1),
+                                              ("study_ablation", "sac", ["drivemind"]),
+                                              ("study_ppo", "ppo", ["chen", "vlm_rl", "drivemind", "carl"])])
+def test_study_configs_compose_with_one_protocol(exp, algo, rewards):
+    from drivemind.rewards import REWARDS, reward_params
+    from drivemind.rewards.drivemind import ABLATIONS
+
+    cfg = compose_cfg(f"experiment={exp}", hydra_cfg=True)
+    c = OmegaConf.to_container(cfg, resolve=False)
+    params = c["hydra"]["sweeper"]["params"]
+    assert params["reward"].split(",") == rewards and params["seed"] == "0,1,2"
+    for r in rewards:
+        assert r in REWARDS and (REWARDS_DIR / f"{r}.yaml").is_file(), r
+        one = resolved(f"experiment={exp}", f"reward={r}")  # each job's config composes
+        assert one["reward"]["name"] == r and one["algo"]["name"] == algo
+        assert one["town"]["name"] == "Town02" and one["density"]["name"] == "regular"
+        assert one["obs"]["features"] == "bev_encoder" and one["eval"]["at_end"] is True
+        assert one["algo"]["policy_kwargs"]["extractor"] == "features"
+        assert one["total_timesteps"] == 100000  # one budget for every method
+        assert one["study"]["eval"][0] == "Town02-regular" and {"Town05-dense", "Town03-dense",
+                                                                  "Town01-regular"} <= set(one["study"]["eval"])
+    if exp == "study_ablation":
+        ablate = params["reward.ablate"].split(",")
+        assert ablate == ["none", "aicr", "hvfr", "pcfm"] and set(ablate) <= set(ABLATIONS)
+        assert "ablate" in reward_params("drivemind")
+        one = resolved(f"experiment={exp}", "reward=drivemind", "reward.ablate=hvfr")
+        assert one["run_name"] == "drivemind-nohvfr-sac-Town02-regular-s0"
+
+
+REWARDS_DIR = REPO / "configs" / "reward"
+
+
+# ---------------------------------------------------------------------------- scripts/study.py
+
+
+def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, capsys):
+    run = tmp_path / "sweep" / "0-run"
+    shutil.copytree(real_run, run, ignore=shutil.ignore_patterns("eval"))
+    study = load_script("study")
+    args = [str(tmp_path / "sweep"), "--evals", "grid-empty,grid-regular", "--routes", "0",
+            "--max-steps-per-route", "20", "--out", str(tmp_path / "rep"), "--json"]
+    res = study.main(args)
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first == json.loads(json.dumps(res, default=str))
+    assert sorted(first["evaluated"]) == ["0-run:grid-empty", "0-run:grid-regular"] and first["skipped"] == 0
+    m = json.loads((run / "eval" / "grid-regular" / "metrics.json").read_text())
+    assert m["meta"]["density"] == "regular" and m["metrics"]["episodes"] == 1
+    assert first["runs"] == 1 and first["evals"] == ["grid-empty", "grid-regular"]
+    assert (tmp_path / "rep" / "report.md").is_file()
+    before = (run / "eval" / "grid-regular" / "metrics.json").stat().st_mtime_ns
+    again = study.main(args)  # resumable: nothing left to do
+    assert again["evaluated"] == [] and again["skipped"] == 2
+    assert (run / "eval" / "grid-regular" / "metrics.json").stat().st_mtime_ns == before
