@@ -76,6 +76,9 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     the config saved there; ``cfg`` then only contributes the ``RESUME_KEYS`` it holds."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if (cfg.get("algo") or {}).get("name") == "minddrive":  # its own SFT + language-space PPO loop
+        from ..agents.minddrive_train import train_minddrive
+        return train_minddrive(cfg, run_dir, resume=resume)
     ckpt_dir = run_dir / "checkpoints"
     entry = None
     if resume:
