@@ -88,8 +88,8 @@ def sft(agent: MindDriveAgent, samples, epochs: int, batch: int, lr: float, seed
             act.zero_grad()
             aloss.backward()
             act.step()
-            dl.append(float(loss))
-            al.append(float(aloss))
+            dl.append(float(loss.detach()))
+            al.append(float(aloss.detach()))
         last = {"sft_epoch": ep + 1, "decision_loss": float(np.mean(dl)), "action_mse": float(np.mean(al))}
         if log is not None:
             log(last)
@@ -143,9 +143,9 @@ def ppo_update(agent: MindDriveAgent, opt, roll: dict, cfg: MindDriveConfig, rng
                 ratio = (logp - old[idx]).exp()
                 stats["clip_frac"].append(float(((ratio - 1).abs() > cfg.clip_range).float().mean()))
                 stats["entropy"].append(float(-(logp_all.exp() * logp_all).sum(-1).mean()))
-            stats["policy_loss"].append(float(pl))
-            stats["value_loss"].append(float(vl))
-            stats["kl_ref"].append(float(kl))
+            stats["policy_loss"].append(float(pl.detach()))
+            stats["value_loss"].append(float(vl.detach()))
+            stats["kl_ref"].append(float(kl.detach()))
     lm.eval()
     return {k: float(np.mean(v)) for k, v in stats.items()}
 
