@@ -144,9 +144,13 @@ class LMConfig:
     heads: int = 4
     kv_heads: int = 2
     intermediate_size: int = 128
+    # weight std of the tiny random base: with transformers' 0.02 the frozen tied embeddings are
+    # so short that no logit can dominate and LoRA cannot make a meta-action likely
+    init_std: float = 0.3
     lora_rank: int = 16  # the paper: rank 16, alpha 16
     lora_alpha: int = 16
-    lora_targets: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_targets: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                         "gate_proj", "up_proj", "down_proj"])
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "LMConfig":
@@ -174,6 +178,7 @@ def load_lm(cfg: LMConfig, seed: int = 0):
                            intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.layers,
                            num_attention_heads=cfg.heads, num_key_value_heads=cfg.kv_heads,
                            max_position_embeddings=256, tie_word_embeddings=True,
+                           initializer_range=cfg.init_std,
                            pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                            eos_token_id=tok.eos_token_id)
         return Qwen2ForCausalLM(conf), tok, None
@@ -220,17 +225,20 @@ class MindDriveLM(nn.Module):
     def adapter_params(self, name: str):
         return [p for n, p in self.lm.named_parameters() if f".{name}." in n and "lora_" in n]
 
-    def _run(self, seqs: list[list[int]], adapter: str):
-        self.lm.set_adapter(adapter)  # also makes that adapter's weights trainable
+    def _batch(self, seqs: list[list[int]]):
         n = max(len(s) for s in seqs)
-        pad = self.tok.pad_token_id
-        ids = th.full((len(seqs), n), pad, dtype=th.long)
+        ids = th.full((len(seqs), n), self.tok.pad_token_id, dtype=th.long)
         mask = th.zeros((len(seqs), n), dtype=th.long)
         for i, s in enumerate(seqs):
             ids[i, :len(s)] = th.tensor(s)
             mask[i, :len(s)] = 1
+        return ids, mask
+
+    def _run(self, seqs: list[list[int]], adapter: str):
+        self.lm.set_adapter(adapter)  # also makes that adapter's weights trainable
+        ids, mask = self._batch(seqs)
         out = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True)
-        return out.logits, out.hidden_states[-1]
+        return out.logits, out.hidden_states[-1], ids
 
     def decide(self, prompts: list[str], adapter: str = "decision"):
         """(log-probabilities over ``META_ACTIONS`` (B x M), values (B)). Each candidate's score is
@@ -239,14 +247,14 @@ class MindDriveLM(nn.Module):
         m = len(META_ACTIONS)
         pids = [self.bos + self._ids(p) for p in prompts]
         seqs = [p + c for p in pids for c in self.cand_ids]
-        logits, hid = self._run(seqs, adapter)
-        logp = F.log_softmax(logits[:, :-1].float(), -1)
-        scores = th.empty(len(seqs), dtype=logp.dtype)
-        for i, s in enumerate(seqs):
-            lp = len(pids[i // m])
-            tgt = th.tensor(s[lp:])
-            scores[i] = logp[i, lp - 1:len(s) - 1].gather(1, tgt[:, None]).sum()
-        scores = scores.view(len(prompts), m)
+        logits, hid, ids = self._run(seqs, adapter)
+        logp = F.log_softmax(logits[:, :-1].float(), -1).gather(2, ids[:, 1:, None]).squeeze(2)
+        # position t scores token t + 1: the candidate's tokens are those at len(prompt)..len(seq)-1
+        pos = th.arange(ids.shape[1] - 1)[None]
+        lp = th.tensor([len(pids[i // m]) for i in range(len(seqs))])[:, None]
+        ln = th.tensor([len(s) for s in seqs])[:, None]
+        cand = (pos >= lp - 1) & (pos < ln - 1)
+        scores = (logp * cand).sum(1).view(len(prompts), m)
         last = th.stack([hid[i * m, len(p) - 1] for i, p in enumerate(pids)])
         return F.log_softmax(scores, -1), self.value_head(last.float()).squeeze(-1)
 
@@ -257,7 +265,7 @@ class MindDriveLM(nn.Module):
             pi = self.bos + self._ids(p)
             seqs.append(pi + self._ids(" " + a) + [self.eos])
             spans.append(len(pi))
-        logits, _ = self._run(seqs, "decision")
+        logits, _, _ = self._run(seqs, "decision")
         losses = []
         for i, s in enumerate(seqs):
             lp = spans[i]
@@ -267,7 +275,7 @@ class MindDriveLM(nn.Module):
     def trajectory(self, prompts: list[str], metas: list[str]):
         """The action expert's speed set-point (in units of 10 m/s) for each (scene, meta-action)."""
         seqs = [self.bos + self._ids(action_prompt(p, m)) for p, m in zip(prompts, metas)]
-        _, hid = self._run(seqs, "action")
+        _, hid, _ = self._run(seqs, "action")
         last = th.stack([hid[i, len(s) - 1] for i, s in enumerate(seqs)])
         return self.action_head(last.float()).squeeze(-1)
 
@@ -384,7 +392,7 @@ class MindDriveConfig:
     sft_steps: int = 3000  # expert env steps collected for SFT
     sft_epochs: int = 3
     sft_batch: int = 32
-    sft_lr: float = 1.0e-3
+    sft_lr: float = 3.0e-3
     learning_rate: float = 3.0e-4  # PPO
     n_decisions: int = 64  # decisions per PPO rollout
     batch_size: int = 32  # the paper: 32
