@@ -590,6 +590,42 @@ def bench_learn(args) -> dict:
             "seeds": seeds, **mean, "per_seed": rows, "curve": str(curve), **machine()}
 
 
+def bench_minddrive(args) -> dict:
+    """MindDrive's learning check: SFT of both experts on the autopilot, then PPO in language
+    space for ``--ppo-steps`` env steps (or ``--minutes``); the SFT reference and the PPO policy
+    are evaluated on the same fixed routes of ``--town``/``--density``."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from drivemind.training import train as train_run
+    from drivemind.training.evaluate import evaluate_run
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = Path(args.out) / f"minddrive-{args.town}-{args.density}-s{args.seed}-{time.strftime('%H%M%S')}"
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=[
+            "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
+            "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
+            f"max_minutes={args.minutes}", f"algo.sft_steps={args.sft_steps}",
+            f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
+    summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    routes = [int(r) for r in args.routes.split(",")] if args.routes else None
+    out = {"run_dir": str(run_dir), "town": args.town, "density": args.density, "seed": args.seed,
+           "sft_samples": summary["sft"]["samples"], "sft_decision_loss": summary["sft"].get("decision_loss"),
+           "sft_action_mse": summary["sft"].get("action_mse"), "ppo_env_steps": summary["steps"],
+           "train_wall_s": summary["wall_s"], "status": summary["status"], "routes": routes,
+           "max_steps_per_route": args.max_steps}
+    for name, ckpt in (("sft", summary["sft_reference"]), ("ppo", "latest")):
+        t = time.perf_counter()
+        m = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
+                         max_steps_per_route=args.max_steps, progress=False,
+                         out_dir=run_dir / "eval" / name)["metrics"]
+        out.update({f"{name}_route_completion": m["RC"], f"{name}_route_progress": m["completion"],
+                    f"{name}_success_rate": m["SR"], f"{name}_collision_rate": m["CR"],
+                    f"{name}_mean_speed_kmh": m["AS"], f"{name}_eval_s": round(time.perf_counter() - t, 1)})
+    return out
+
+
 def _script_main(name: str, argv: list[str]) -> dict:
     import importlib.util
 
@@ -684,6 +720,19 @@ def main(argv=None):
     p.add_argument("--out", default="outputs/bench", help="where the training runs go")
     p.add_argument("--max-steps", type=int, default=6000, help="step limit per evaluation route")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.batch_size=128")
+    p = sub.add_parser("minddrive", help="MindDrive learning check: SFT reference vs PPO in language "
+                                         "space, route completion on the town's fixed routes")
+    p.add_argument("--town", default="grid")
+    p.add_argument("--density", default="regular")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sft-steps", type=int, default=3000, help="autopilot env steps for SFT")
+    p.add_argument("--sft-epochs", type=int, default=3)
+    p.add_argument("--ppo-steps", type=int, default=3000, help="PPO env steps (total_timesteps)")
+    p.add_argument("--minutes", type=float, default=5.0, help="wall-time budget of the run")
+    p.add_argument("--routes", default=None, help="comma-separated fixed-route indices (default all)")
+    p.add_argument("--max-steps", type=int, default=3000, help="step limit per evaluation route")
+    p.add_argument("--out", default="outputs/bench")
+    p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.n_decisions=32")
     sub.add_parser("reward-dist", help="reward distribution W1/KS between two towns "
                                        "(scripts/reward_distribution.py; its options follow)")
     sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "
@@ -691,7 +740,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
               "train": bench_train, "reward": bench_reward, "learn": bench_learn,
-              "drivevlm-service": bench_drivevlm_service}[args.what](args)
+              "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive}[args.what](args)
     print(json.dumps(result))
     return result
 

@@ -46,12 +46,18 @@ def _video_lines(acc: EpisodeAccumulator, info: dict) -> list[str]:
 def run_route(env: DriveEnv, act: Callable, route_index: int, *, max_steps: int | None = None,
               video: VideoWriter | None = None, masks: bool = True) -> EpisodeRecord:
     """Drive fixed route ``route_index`` with ``act(obs)`` until the episode ends (or
-    ``max_steps``: truncation "max_steps"); frames go to ``video`` when given."""
+    ``max_steps``: truncation "max_steps"); frames go to ``video`` when given. An ``act`` with an
+    ``observe(info, reset=False)`` attribute is handed each step's facts before it acts."""
     obs, info = env.reset(options={"route_index": route_index})
+    observe = getattr(act, "observe", None)  # policies that read the step's facts (MindDrive)
+    if observe is not None:
+        observe(info, reset=True)
     acc = EpisodeAccumulator()
     acc.start(info)
     while True:
         obs, _, terminated, truncated, info = env.step(act(obs))
+        if observe is not None:
+            observe(info)
         acc.add(info)
         if video is not None:
             video.append(render_frame(env.render(), info, obs["bev"] if masks else None,

@@ -12,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-ALGOS = ("sac", "ppo")
+ALGOS = ("sac", "ppo", "minddrive")  # minddrive: agents/minddrive_train.py (not an SB3 model)
 
 
 def _sub(cfg: dict, key: str) -> dict:
@@ -121,6 +121,9 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
     name = algo.pop("name", None)
     if name not in ALGOS:
         raise ValueError(f"unknown algo {name!r}; valid: {', '.join(ALGOS)}")
+    if name == "minddrive":
+        raise ValueError("algo=minddrive is trained by drivemind.agents.minddrive_train."
+                         "train_minddrive (training.train calls it), not built as an SB3 model")
     pk = _policy_kwargs(algo)
     seed = int(cfg.get("seed", 0))
     device = cfg.get("device", "auto")

@@ -32,6 +32,8 @@ def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "
         path = checkpoint
     if not Path(path).exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    if cfg["algo"]["name"] == "minddrive":  # the language-action agent (not an SB3 model)
+        return _load_minddrive(run_dir, path, cfg)
     from ..agents import DriveSAC
     from ..agents.ppo import DrivePPO
     cls = {"sac": DriveSAC, "ppo": DrivePPO}[cfg["algo"]["name"]]
@@ -45,6 +47,28 @@ def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "
             action, _ = model.predict(obs, deterministic=True)
         return np.asarray(action, np.float32)
 
+    policy.model = model
+    policy.config = cfg
+    policy.obs_signature = json.loads((run_dir / "obs_signature.json").read_text()) \
+        if (run_dir / "obs_signature.json").exists() else None
+    return policy, model
+
+
+def _load_minddrive(run_dir: Path, path, cfg: dict):
+    """MindDrive's frozen policy: deterministic meta-actions (the most likely one), read from the
+    step's facts, which the evaluation runner hands it through ``policy.observe(info)``."""
+    from ..agents.minddrive import MindDriveAgent
+
+    model = MindDriveAgent.load(path)
+    for p in model.policy.parameters():
+        p.requires_grad_(False)
+
+    def policy(obs):
+        with th.no_grad():
+            action, _ = model.predict(obs, deterministic=True)
+        return np.asarray(action, np.float32)
+
+    policy.observe = model.observe
     policy.model = model
     policy.config = cfg
     policy.obs_signature = json.loads((run_dir / "obs_signature.json").read_text()) \

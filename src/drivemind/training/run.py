@@ -100,6 +100,10 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     The settings are checked first (``validate.validate_config``): a bad one raises ConfigError
     before ``run_dir`` is created or written."""
     run_dir = Path(run_dir)
+    if (cfg.get("algo") or {}).get("name") == "minddrive":  # its own SFT + language-space PPO loop
+        from ..agents.minddrive_train import train_minddrive
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return train_minddrive(cfg, run_dir, resume=resume)
     ckpt_dir = run_dir / "checkpoints"
     entry = None
     if resume:

@@ -1,0 +1,260 @@
+"""MindDrive (algo=minddrive): meta-action derivation, the language-space policy on a tiny real
+Qwen2 + PEFT LoRA model, PPO loss pieces, save/load, the missing-checkpoint error, and the
+train/eval scripts end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch as th
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from drivemind.agents.minddrive import (  # noqa: E402
+    COMMAND_PATH, META_ACTIONS, LMConfig, MindDriveAgent, MindDriveConfig, derive_meta_action,
+    event_reward, gae, kl_ref_policy, load_lm, ppo_clip_loss, scene_prompt, speed_class, track)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ENV_META = {"wp_scale": 50.0, "lead_range": 50.0, "dt": 0.1, "wheelbase": 2.9,
+            "max_steer": math.radians(40), "accel_max": 3.5, "brake_max": 8.0}
+FACTS = {"speed_kmh": 20.0, "command": 4.0, "light_state": 2.0, "light_distance": 14.2,
+         "lead_distance": 50.0, "lead_speed_kmh": 0.0, "route_remaining": 230.4,
+         "lateral_offset": -0.34}
+
+
+@pytest.fixture(scope="module")
+def agent():
+    return MindDriveAgent(MindDriveConfig.from_dict({"model": {"lora_rank": 4}}), ENV_META, seed=0)
+
+
+# ---------------------------------------------------------------------------- meta-actions
+@pytest.mark.parametrize("v0,v1,want", [
+    (0.0, 0.1, "stop"), (0.2, 0.0, "stop"), (8.0, 4.0, "slow down rapidly"), (8.0, 7.0, "slow down"),
+    (2.0, 4.0, "speed up"), (2.0, 2.1, "maintain slow"), (5.0, 5.2, "maintain moderate"),
+    (8.0, 8.1, "maintain fast"), (3.0, 0.2, "slow down rapidly")])
+def test_speed_class(v0, v1, want):
+    assert speed_class(v0, v1, 1.0) == want
+
+
+def test_path_from_route_command_and_bad_command():
+    assert derive_meta_action(5.0, 5.0, 1.0, 1.0) == "maintain moderate , turn left"
+    assert derive_meta_action(0.0, 3.0, 6.0, 1.0) == "speed up , change lane right"
+    assert {derive_meta_action(5, 5, c, 1.0).split(" , ")[1] for c in COMMAND_PATH} == \
+        {"turn left", "turn right", "straight", "lane follow", "change lane left", "change lane right"}
+    with pytest.raises(ValueError, match="unknown route command 9"):
+        derive_meta_action(1.0, 1.0, 9.0, 1.0)
+    assert len(META_ACTIONS) == 42 and len(set(META_ACTIONS)) == 42
+
+
+def test_meta_actions_from_the_autopilot_driving():
+    """The autopilot starts from rest (speed-up labels first), keeps the route's command as the
+    path, and the set-point is its speed a second later."""
+    from drivemind.agents.minddrive_train import collect_expert
+    from drivemind.envs import DriveEnv
+
+    env = DriveEnv("grid", "empty", bev={"preset": "cpu", "size": 48})
+    env.reset(seed=3)
+    samples = collect_expert(env, 80, horizon_steps=10)
+    env.close()
+    assert len(samples) == 71  # the reset and 80 steps, less the last 10 (no future speed)
+    prompts, metas, v = zip(*samples)
+    assert metas[0].startswith("speed up , ")
+    assert all(m in META_ACTIONS for m in metas)
+    # the expert accelerates from rest: its set-points grow, and the label matches the speeds
+    assert v[0] > 0.5 and v[-1] > v[0]
+    for p, m in zip(prompts, metas):
+        spoken = p.split("command ")[1].split(" .")[0]
+        assert m.endswith(" , " + spoken)
+
+
+def test_scene_prompt_from_facts():
+    p = scene_prompt(FACTS)
+    assert p == ("scene : speed 20 km/h . command lane follow . light red at 14 m . lead none . "
+                 "goal 230 m . offset -0.3 m . decision :")
+    p2 = scene_prompt({**FACTS, "light_state": -1.0, "lead_distance": 8.4, "lead_speed_kmh": 11.6})
+    assert "light none" in p2 and "lead 8 m at 12 km/h" in p2
+
+
+# ---------------------------------------------------------------------------- the LM policy
+def test_tokenizer_covers_the_prompts():
+    _, tok, folder = load_lm(LMConfig())
+    assert folder is None
+    ids = tok(scene_prompt(FACTS) + " " + META_ACTIONS[-1], add_special_tokens=False)["input_ids"]
+    assert tok.unk_token_id not in ids
+
+
+def test_distribution_sums_to_one_and_sft_step_moves_it(agent):
+    from drivemind.agents.minddrive_train import sft
+
+    prompts = [scene_prompt(FACTS), scene_prompt({**FACTS, "speed_kmh": 3.0})]
+    with th.no_grad():
+        logp, values = agent.lm.decide(prompts)
+    assert logp.shape == (2, len(META_ACTIONS)) and values.shape == (2,)
+    np.testing.assert_allclose(logp.exp().sum(-1).numpy(), 1.0, atol=1e-5)
+    target = META_ACTIONS.index("slow down rapidly , lane follow")
+    before = logp[0].exp().numpy().copy()
+    state = agent.lm.trainable_state()
+    try:
+        sft(agent, [(prompts[0], META_ACTIONS[target], 2.0)] * 4, epochs=1, batch=4, lr=1e-2)
+        with th.no_grad():
+            after = agent.lm.decide(prompts[:1])[0][0].exp().numpy()
+        assert after[target] > before[target]
+        assert np.abs(after - before).sum() > 1e-3
+        np.testing.assert_allclose(after.sum(), 1.0, atol=1e-5)
+    finally:
+        agent.lm.load_trainable_state(state)
+
+
+def test_adapters_are_separate(agent):
+    """The decision loss reaches only the decision adapter, the action expert's loss only the
+    action adapter and its head: two experts on one base."""
+    lm = agent.lm
+    prompts, metas = [scene_prompt(FACTS)], [META_ACTIONS[5]]
+
+    def grads(name):
+        return [p.grad for n, p in lm.lm.named_parameters() if f".{name}." in n and "lora_" in n]
+
+    for loss_fn, trained, frozen in (
+            (lambda: lm.sft_decision_loss(prompts, metas), "decision", "action"),
+            (lambda: lm.trajectory(prompts, metas).sum(), "action", "decision")):
+        lm.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        assert any(g is not None and float(g.abs().sum()) > 0 for g in grads(trained)), trained
+        assert all(g is None or float(g.abs().sum()) == 0 for g in grads(frozen)), frozen
+    assert lm.action_head[0].weight.grad is not None
+    lm.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------------------- PPO pieces
+def test_ppo_clip_on_hand_numbers():
+    old = th.zeros(2)
+    new = th.log(th.tensor([1.5, 1.5]))
+    # A = +1: the ratio 1.5 is clipped to 1.2; A = -1: min(-1.5, -1.2) = -1.5
+    assert float(ppo_clip_loss(new[:1], old[:1], th.tensor([1.0]), 0.2)) == pytest.approx(-1.2)
+    assert float(ppo_clip_loss(new[1:], old[1:], th.tensor([-1.0]), 0.2)) == pytest.approx(1.5)
+    # inside the clip range the surrogate is the plain ratio times the advantage
+    assert float(ppo_clip_loss(th.log(th.tensor([1.1])), th.zeros(1), th.tensor([2.0]))) == pytest.approx(-2.2)
+
+
+def test_kl_reference_policy_on_hand_numbers():
+    ref = th.log(th.tensor([[0.5, 0.5]]))
+    pol = th.log(th.tensor([[0.25, 0.75]]))
+    want = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert float(kl_ref_policy(ref, pol)) == pytest.approx(want)
+    assert float(kl_ref_policy(ref, ref)) == pytest.approx(0.0, abs=1e-7)
+    # KL(ref || pol) is not KL(pol || ref)
+    assert float(kl_ref_policy(pol, ref)) != pytest.approx(want)
+
+
+def test_gae_lambda_one_is_discounted_return_minus_value():
+    r, v = [0.0, 0.0, 1.0, 0.0], [0.1, 0.2, 0.3, 0.4]
+    adv, ret = gae(r, v, [False, False, True, False], last_value=0.5, gamma=0.9, lam=1.0)
+    np.testing.assert_allclose(ret, [0.81, 0.9, 1.0, 0.45])
+    np.testing.assert_allclose(adv, np.array(ret) - np.array(v))
+
+
+def test_event_reward():
+    assert event_reward({"arrived": True}) == 1.0
+    assert event_reward({"collision": 1.0, "termination": "collision"}) == -1.0
+    assert event_reward({"red_light_run": 1.0}) == -1.0
+    assert event_reward({"termination": "off_route"}) == -1.0
+    assert event_reward({"termination": "stuck", "collision": 0.0}) == 0.0
+
+
+def test_controller_tracks_waypoints_and_set_point():
+    straight = np.stack([np.arange(1, 11) * 5.0 / 50.0, np.zeros(10)], 1)
+    right = np.stack([np.arange(1, 11) * 5.0 / 50.0, np.arange(1, 11) * 0.8 / 50.0], 1)
+    g = dict(wp_scale=50.0, wheelbase=2.9, max_steer=math.radians(40), accel_max=3.5, brake_max=8.0)
+    a = track(straight, 0.0, 5.0, **g)
+    assert abs(a[0]) < 1e-6 and a[1] > 0.5
+    assert track(right, 5.0, 5.0, **g)[0] > 0.05  # the env's frame: + is to the right
+    assert track(right * np.array([1, -1]), 5.0, 5.0, **g)[0] < -0.05
+    assert track(straight, 8.0, 4.0, **g)[1] < 0  # slow down: brake
+    assert track(straight, 0.3, 0.0, **g)[1] == -1.0  # stop: hold the brake
+
+
+# ---------------------------------------------------------------------------- save / load / errors
+def test_save_load_round_trip(agent, tmp_path):
+    agent.num_timesteps = 17
+    path = tmp_path / "model_17.zip"
+    agent.save(path)
+    back = MindDriveAgent.load(path)
+    assert back.num_timesteps == 17 and back.cfg == agent.cfg and back.env_meta == agent.env_meta
+    prompts = [scene_prompt(FACTS)]
+    with th.no_grad():
+        np.testing.assert_allclose(back.lm.decide(prompts)[0].numpy(), agent.lm.decide(prompts)[0].numpy(),
+                                   atol=1e-6)
+        np.testing.assert_allclose(back.lm.trajectory(prompts, [META_ACTIONS[3]]).numpy(),
+                                   agent.lm.trajectory(prompts, [META_ACTIONS[3]]).numpy(), atol=1e-6)
+    other = MindDriveAgent(agent.cfg, ENV_META, seed=1)  # another random tiny base
+    with th.no_grad():
+        assert not np.allclose(other.lm.decide(prompts)[0].numpy(), agent.lm.decide(prompts)[0].numpy())
+    # the frozen policy: facts first, then actions in the env's range
+    back.observe(FACTS, reset=True)
+    obs = {"waypoints": np.stack([np.arange(1, 11) / 10.0, np.zeros(10)], 1).astype(np.float32)}
+    a, _ = back.predict(obs)
+    assert a.shape == (2,) and np.all(np.abs(a) <= 1)
+    assert back.last_decision["meta_action"] in META_ACTIONS and 0 < back.last_decision["probability"] <= 1
+    with pytest.raises(RuntimeError, match="observe"):
+        MindDriveAgent.load(path).predict(obs)
+
+
+def test_missing_local_checkpoint_names_the_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("DRIVEMIND_MINDDRIVE_MODEL", raising=False)
+    folder = tmp_path / "qwen2-0.5b"
+    with pytest.raises(FileNotFoundError, match="qwen2-0.5b") as e:
+        load_lm(LMConfig(path=str(folder)))
+    assert "MindDrive language model" in str(e.value) and "tiny" in str(e.value)
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="lacks model.safetensors"):
+        load_lm(LMConfig(path=str(folder)))
+
+
+def test_bad_options_list_the_valid_ones():
+    with pytest.raises(ValueError, match="valid: .*clip_range"):
+        MindDriveConfig.from_dict({"name": "minddrive", "clip": 0.1})
+    with pytest.raises(ValueError, match="valid: facts"):
+        MindDriveConfig.from_dict({"scene": "pixels"})
+    with pytest.raises(ValueError, match="valid: .*lora_rank"):
+        MindDriveConfig.from_dict({"model": {"rank": 4}})
+
+
+# ---------------------------------------------------------------------------- scripts end to end
+def test_train_and_eval_scripts_end_to_end(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    run_dir = tmp_path / "run"
+    args = ["algo=minddrive", "density=empty", "obs.bev.size=48", "logger=quiet", "progress_bar=false",
+            "total_timesteps=30", "algo.sft_steps=60", "algo.sft_epochs=1", "algo.n_decisions=3",
+            "algo.n_epochs=1", "algo.model.lora_rank=4", f"hydra.run.dir={run_dir}"]
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["status"] == "finished" and summary["algo"] == "minddrive"
+    assert summary["steps"] == 30 and summary["sft"]["samples"] == 51
+    assert (run_dir / "checkpoints" / "sft_reference.zip").is_file()
+    assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["model"] == "model_30.zip"
+    log = [json.loads(x) for x in (run_dir / "decisions.jsonl").read_text().splitlines()]
+    assert len(log) == 6  # 30 steps, one decision every 5
+    assert all(d["meta_action"] in META_ACTIONS and 0 < d["probability"] <= 1
+               and d["prompt"].startswith("scene : speed ") for d in log)
+    rows = (run_dir / "logs" / "progress.csv").read_text().splitlines()
+    assert rows[0].startswith("steps,") and len(rows) == 3 and "kl_ref" in rows[0]
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "eval.py"), f"run={run_dir}", "routes=[0]",
+                        "max_steps_per_route=40", "video_route=null"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = json.loads(p.stdout.strip().splitlines()[-1])
+    assert m["episodes"] == 1 and m["steps"] <= 40 and m["distance_km"] > 0
