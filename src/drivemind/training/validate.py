@@ -23,7 +23,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-ALGOS = ("sac", "ppo")
+ALGOS = ("sac", "ppo", "minddrive")
 VEC_ENVS = ("dummy", "subproc")
 LOG_FORMATS = ("stdout", "csv", "tensorboard", "log", "json")
 WANDB_MODES = ("offline", "online", "disabled")
@@ -273,8 +273,9 @@ def config_problems(cfg: dict, resumed: bool = False) -> list[str]:
                           f"valid: {', '.join(ALGOS)} (choose algo=<name>)")
     elif algo == "sac":
         _check_sac(c, total, n_envs, resumed)
-    else:
+    elif algo == "ppo":
         _check_ppo(c, n_envs)
+    # minddrive: its options are checked by agents.minddrive when the agent is built
     _check_reward(c)
     return c.problems
 
