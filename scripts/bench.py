@@ -61,11 +61,20 @@ drivevlm-service: DriveVLM-RL's real model slots (default: the tiny random Qwen2
      labelling, waits included), gate_rate, the worker's batches and latency, and ratio
      (service / inline).
 
-    python scripts/bench.py learn [--run-dir <a finished experiment=learning_check run>]
+    python scripts/bench.py learn --reward drivemind_kinematic --town Town02 --density regular \
+        --minutes 15 [--seed S | --seeds 0,1] [hydra overrides ...]
 
-learn: SAC with the kinematic reward on the built-in grid town without traffic
-     (experiment=learning_check), then the 10 fixed routes: route_completion, success_rate,
-     train_steps, train_minutes, and the learning curve (learning_curve.png in the run directory).
+learn: learning speed. Trains with the fast settings (experiment=fast: frozen BEV encoder, MLP SAC,
+     one torch thread) for --minutes of wall time per seed, then evaluates the policy on the town's
+     10 fixed routes: route_completion, success_rate, collision_rate, mean_speed_kmh, env_steps,
+     wall_s, env_steps_per_s (means over seeds, and per seed), and a PNG of task return, route
+     completion and speed per episode against env steps and wall time for every seed.
+
+    python scripts/bench.py side-by-side --seconds 240
+
+side-by-side: the fast path's training env steps/s alone on one core, then two runs at once (one
+     per core), then one run with n_envs=2 (subprocess envs): the slowdown of two runs side by side
+     against what the cores explain (1.0 = none).
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -626,6 +636,45 @@ def bench_minddrive(args) -> dict:
     return out
 
 
+def _timed_run(root: Path, out: Path, seconds: float, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, str(root / "scripts" / "train.py"), "experiment=fast", "logger=quiet",
+           "progress_bar=false", "checkpoint_every=0", "checkpoint_buffer=false", "total_timesteps=10000000",
+           f"max_minutes={seconds / 60:.4f}", f"hydra.run.dir={out}", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _steps_per_s(out: Path, proc: subprocess.Popen) -> float:
+    err = proc.communicate()[1]
+    if proc.returncode != 0:
+        raise RuntimeError(f"training run {out} failed: {err[-2000:]}")
+    s = json.loads((out / "summary.json").read_text())
+    return s["steps"] / max(s["wall_s"], 1e-9)
+
+
+def bench_side_by_side(args) -> dict:
+    """Fast-path training steps/s: alone, two runs at once, one run with n_envs=2 subprocess envs."""
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    base = [f"town={args.town}", f"density={args.density}", f"reward={args.reward}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        p = _timed_run(root, tmp / "alone", args.seconds, base)
+        alone = _steps_per_s(tmp / "alone", p)
+        ps = [_timed_run(root, tmp / f"pair{i}", args.seconds, base + [f"seed={i}"]) for i in range(2)]
+        pair = [_steps_per_s(tmp / f"pair{i}", q) for i, q in enumerate(ps)]
+        p = _timed_run(root, tmp / "vec", args.seconds, base + ["n_envs=2", "vec_env=subproc"])
+        vec = _steps_per_s(tmp / "vec", p)
+    cores = os.cpu_count() or 1
+    return {"what": "side-by-side", "reward": args.reward, "town": args.town, "density": args.density,
+            "seconds": args.seconds, "alone_steps_per_s": round(alone, 1),
+            "pair_steps_per_s": [round(x, 1) for x in pair],
+            "pair_slowdown": round(alone / (sum(pair) / 2), 2) if cores >= 2 else None,
+            "n_envs2_steps_per_s": round(vec, 1), "n_envs2_speedup": round(vec / alone, 2),
+            **machine()}
+
+
 def _script_main(name: str, argv: list[str]) -> dict:
     import importlib.util
 
@@ -733,6 +782,11 @@ def main(argv=None):
     p.add_argument("--max-steps", type=int, default=3000, help="step limit per evaluation route")
     p.add_argument("--out", default="outputs/bench")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.n_decisions=32")
+    p = sub.add_parser("side-by-side", help="fast-path training steps/s alone, two runs at once, n_envs=2")
+    p.add_argument("--seconds", type=float, default=240.0, help="wall time of each training run")
+    p.add_argument("--reward", default="drivemind_kinematic")
+    p.add_argument("--town", default="Town02")
+    p.add_argument("--density", default="regular")
     sub.add_parser("reward-dist", help="reward distribution W1/KS between two towns "
                                        "(scripts/reward_distribution.py; its options follow)")
     sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "
@@ -740,6 +794,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
               "train": bench_train, "reward": bench_reward, "learn": bench_learn,
+              "side-by-side": bench_side_by_side,
               "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive}[args.what](args)
     print(json.dumps(result))
     return result
