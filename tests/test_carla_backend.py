@@ -544,7 +544,7 @@ def test_hydra_sim_carla_trains_and_survives_a_lost_server(server, monkeypatch, 
     with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
         cfg = compose("config", overrides=[
             "sim=carla", "sim.carla.port=2100", "sim.carla.reconnect_wait=0", "density=regular",
-            "logger=quiet", "progress_bar=false", "obs.bev.size=48",
+            "logger=quiet", "progress_bar=false", "obs.bev.size=48", "obs.features=null",
             "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
             "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=30", "log_interval=1",
             "algo.learning_starts=30", "algo.batch_size=8", "algo.buffer_size=200",

@@ -235,7 +235,7 @@ def test_train_and_eval_scripts_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     run_dir = tmp_path / "run"
-    args = ["algo=minddrive", "density=empty", "obs.bev.size=48", "logger=quiet", "progress_bar=false",
+    args = ["algo=minddrive", "density=empty", "obs.bev.size=48", "obs.features=null", "logger=quiet", "progress_bar=false",
             "total_timesteps=30", "algo.sft_steps=60", "algo.sft_epochs=1", "algo.n_decisions=3",
             "algo.n_epochs=1", "algo.model.lora_rank=4", f"hydra.run.dir={run_dir}"]
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=tmp_path, env=env,

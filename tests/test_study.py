@@ -28,7 +28,7 @@ from drivemind.training.evaluate import evaluate_run
 from script_loader import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["logger=quiet", "progress_bar=false", "density=empty", "obs.bev.size=48",
+TINY = ["logger=quiet", "progress_bar=false", "density=empty", "obs.bev.size=48", "obs.features=null",
         "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32", "algo.policy_kwargs.net_arch=[32]",
         "+env.max_episode_steps=30", "log_interval=1", "algo.learning_starts=50", "algo.batch_size=16",
         "algo.buffer_size=1000", "checkpoint_every=0"]

@@ -100,18 +100,21 @@ def make_reward_from_cfg(cfg: dict):
     return make_reward(name, **params)
 
 
-def _policy_kwargs(algo: dict) -> dict:
+def _policy_kwargs(algo: dict, space=None) -> dict:
     from ..agents import DriveExtractor, FeatureExtractor
 
     pk = dict(algo.pop("policy_kwargs", None) or {})
     kind = pk.pop("extractor", "drive")
+    if kind == "auto":  # the frozen encoder's features when the obs carries them (obs.features)
+        has = space is not None and "bev_features" in getattr(space, "spaces", {})
+        kind = "features" if has else "drive"
     if kind == "drive":
         pk.setdefault("features_extractor_class", DriveExtractor)
     elif kind == "features":  # the fast path: MLP heads over the frozen encoder's features
         pk.setdefault("features_extractor_class", FeatureExtractor)
         pk.pop("features_extractor_kwargs", None)
     else:
-        raise ValueError(f"unknown algo.policy_kwargs.extractor {kind!r}; valid: drive, features")
+        raise ValueError(f"unknown algo.policy_kwargs.extractor {kind!r}; valid: auto, drive, features")
     return pk
 
 
@@ -124,7 +127,7 @@ def make_model(cfg: dict, env, reward_fn, tensorboard_log: str | None = None):
     if name == "minddrive":
         raise ValueError("algo=minddrive is trained by drivemind.agents.minddrive_train."
                          "train_minddrive (training.train calls it), not built as an SB3 model")
-    pk = _policy_kwargs(algo)
+    pk = _policy_kwargs(algo, getattr(env, "observation_space", None))
     seed = int(cfg.get("seed", 0))
     device = cfg.get("device", "auto")
     common = dict(env=env, reward_fn=reward_fn, policy_kwargs=pk, seed=seed, device=device,
