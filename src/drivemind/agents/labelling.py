@@ -5,13 +5,39 @@ saved state), the image tower that embeds frames for semantic rewards (BEV-CLIP 
 ``encoder``), the frame counters, the reward's online hooks (``prepare``, ``learn``, ``stats``)
 and, for DriveSAC, the reward service's embedding worker. The learners keep only the learning:
 
-- **DriveSAC** (replay buffer): ``label_pending(buf, step)`` scores the buffer's pending rows (the
-  embeddings they need, from the service's worker or inline, then ``prepare``, then the batch
-  reward), ``wait_for_labels``, ``relabel`` (a new reward over the whole buffer) and
+- **DriveSAC** (replay buffer): ``label_pending(buf, step)`` scores the buffer's pending rows,
+  ``wait_for_labels``, ``relabel`` (a new reward over the whole buffer) and
   ``embedding_sampler(buf)`` (the world model's (v_t, a_t, v_t+1) triples).
+
+  - **Image embeddings for semantic rewards.** When ``"embedding" in reward_fn.needs`` (e.g.
+    ``aicr_static``, ``drivemind_static``), the buffer gets a 384-d embedding slot and, before
+    scoring, each stored transition without an embedding gets one: its next observation's BEV (the
+    frame the action led to, which the step's facts also describe) through BEV-CLIP
+    (``BevClip.load(bev_shape=...)``, loaded once; a BEV shape it was not trained for is refused when
+    the model is built). Each transition is embedded once; ``set_reward`` with new prompts re-scores
+    from the stored embeddings. ``embedded_frames`` counts the frames embedded so far. A reward
+    that needs ``obs_embedding`` (DriveMind's PCFM world model) also gets the embedding of the
+    observation each action was taken in: copied from the same episode's previous transition, or
+    embedded at episode starts.
+  - **Rewards with online state** (``drivemind.rewards.base``): before scoring, the new transitions
+    go to ``reward_fn.prepare`` in time order (DriveMind's novelty detector and prompt cache; the
+    columns it returns, e.g. prompt ids, are stored per transition); after each training round
+    ``reward_fn.learn`` gets a sampler of (v_t, a_t, v_t+1) embedding triples (the world model);
+    ``reward_fn.state_dict()`` is saved with the model (``reward_state``) and restored by ``load``.
+  - **Forward camera.** A reward that reads ``view_embedding`` (DriveVLM-RL's dynamic pathway) makes
+    the buffer keep each step's camera frame (``info["front_rgb"]``: CARLA with a camera) while the
+    transition is pending: the reward's models read it (``frame(i)["rgb"]``), and an encoder that
+    embeds RGB (``vlm=openclip``) embeds it once into the ``view_embeddings`` slot; BEV-CLIP cannot,
+    which is warned once (the reward then reads the BEV embedding).
+  - **Reward service.** ``reward_service`` (``algo.reward_service``) sends the BEV embeddings to a
+    worker process (BEV-CLIP only; other encoders embed inline) and is passed to the reward's
+    ``use_service`` (DriveVLM-RL's real detector and reasoner then run in a worker of their own).
+    Transitions are labelled only once everything they need is back; until then they stay pending
+    and are never sampled.
 - **DrivePPO** (rollouts): ``start_rollout`` / ``embed_step`` embed each step's next observations
   (and the observations acted from, carried across steps and rollouts), ``embed_rgb`` the camera
-  frames, ``prepare`` the step's batch; ``learn(sampler, calls)`` after each update.
+  frames, ``prepare`` the step's batch; ``learn(sampler, calls)`` after each update. The rollout's
+  storage and its one batch reward call stay in :mod:`drivemind.agents.ppo`.
 
 The labeller is never pickled: the agents save the fields in :data:`Labeller.SAVED` (the reward's
 name and ``state_dict``, the encoder and service configs, the counters) under the attribute
@@ -343,8 +369,8 @@ class Labeller:
             start = todo[~has]
             for a in range(0, len(start), batch_size):
                 s = start[a:a + batch_size]
-                buf.set_embeddings(s, self.tower().embed(bev_frames(buf, s, next=False), batch_size=batch_size),
-                                   obs=True)
+                frames = bev_frames(buf, s, next=False)
+                buf.set_embeddings(s, self.tower().embed(frames, batch_size=batch_size), obs=True)
             n += len(start)
         self.embedded_frames += n
         return n

@@ -37,6 +37,9 @@ Semantic rewards (``aicr_static``, ``drivemind``, ``vlm_rl``, ...). ``reward_fn.
 (:func:`drivemind.agents.embedding.split_needs`) into facts, read from ``info``, and the batch keys
 the agent provides: ``action`` (the action the env received), ``done``, ``env``, ``slot`` (the
 rollout row ``t * n_envs + i``), ``embedding``, ``obs_embedding`` and the reward's ``columns``.
+The reward, the image tower and the embedding of each step are ``self.labeller``
+(:class:`drivemind.agents.labelling.Labeller`, shared with DriveSAC); the rollout's storage and its
+batch reward call are here.
 
 - **Embeddings.** When the reward reads embeddings, every step's next-observation BEVs of all envs
   (the terminal observation for an env whose episode ended there) go through the image tower in

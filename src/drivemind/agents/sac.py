@@ -3,40 +3,20 @@
 Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
 
 - **Rewards from the reward package.** Before each round of gradient steps, the transitions stored
-  since the last round are scored in one batch by ``reward_fn`` from their stored facts
-  (``RelabelReplayBuffer.label_pending``); the env's reward is not used. ``set_reward(fn)``
-  re-scores the whole buffer. The mean of each reward term is logged under ``reward/``.
+  since the last round are scored in one batch by ``reward_fn`` (``label_pending``); the env's
+  reward is not used and only labelled transitions are sampled. ``set_reward(fn)`` re-scores the
+  whole buffer. The mean of each reward term is logged under ``reward/``. Everything between the
+  stored transitions and their rewards (image embeddings, the reward service, the reward's
+  ``prepare`` / ``learn`` / ``state_dict``, camera frames) is ``self.labeller``, a
+  :class:`drivemind.agents.labelling.Labeller` (its module docstring has the details).
 - **One shared encoder** (``DriveExtractor``), trained by the critic loss; the actor reads detached
   features, and the next observations are encoded once without gradients for both the target
   critic and the next action (as DrQ-v2 does). Per gradient step that is two CNN forward passes and
   one backward pass; stock SB3 (separate actor, critic and target encoders) runs five forward
-  passes and three backward passes through CNNs.
+  passes and three backward passes through CNNs. On the fast path (an extractor with ``reads_bev =
+  False``, e.g. ``FeatureExtractor``) the policy reads the frozen encoder's features and the buffer
+  neither decodes nor (kinematic rewards) stores the masks.
 - **Compact storage**: see :mod:`drivemind.agents.buffer`.
-- **Image embeddings for semantic rewards.** When ``"embedding" in reward_fn.needs`` (e.g.
-  ``aicr_static``, ``drivemind_static``), the buffer gets a 384-d embedding slot and, before
-  scoring, each stored transition without an embedding gets one: its next observation's BEV (the
-  frame the action led to, which the step's facts also describe) through BEV-CLIP
-  (``BevClip.load(bev_shape=...)``, loaded once; a BEV shape it was not trained for is refused when
-  the model is built). Each transition is embedded once; ``set_reward`` with new prompts re-scores
-  from the stored embeddings. ``embedded_frames`` counts the frames embedded so far. A reward
-  that needs ``obs_embedding`` (DriveMind's PCFM world model) also gets the embedding of the
-  observation each action was taken in: copied from the same episode's previous transition, or
-  embedded at episode starts.
-- **Rewards with online state** (``drivemind.rewards.base``): before scoring, the new transitions
-  go to ``reward_fn.prepare`` in time order (DriveMind's novelty detector and prompt cache; the
-  columns it returns, e.g. prompt ids, are stored per transition); after each training round
-  ``reward_fn.learn`` gets a sampler of (v_t, a_t, v_t+1) embedding triples (the world model);
-  ``reward_fn.state_dict()`` is saved with the model (``reward_state``) and restored by ``load``.
-- **Forward camera.** A reward that reads ``view_embedding`` (DriveVLM-RL's dynamic pathway) makes
-  the buffer keep each step's camera frame (``info["front_rgb"]``: CARLA with a camera) while the
-  transition is pending: the reward's models read it (``frame(i)["rgb"]``), and an encoder that
-  embeds RGB (``vlm=openclip``) embeds it once into the ``view_embeddings`` slot; BEV-CLIP cannot,
-  which is warned once (the reward then reads the BEV embedding).
-- **Reward service.** ``reward_service`` (``algo.reward_service``) sends the BEV embeddings to a
-  worker process (BEV-CLIP only; other encoders embed inline) and is passed to the reward's
-  ``use_service`` (DriveVLM-RL's real detector and reasoner then run in a worker of their own).
-  Transitions are labelled only once everything they need is back; until then they stay pending
-  and are never sampled.
 
 Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load, gSDE) is SB3's.
 """
@@ -53,7 +33,7 @@ from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputP
 from torch.nn import functional as F
 
 from .buffer import LABELLED, RelabelReplayBuffer
-from .embedding import ENCODERS, needs_embedding, needs_obs_embedding, wants_view_embedding  # noqa: F401
+from .embedding import needs_embedding, needs_obs_embedding, wants_view_embedding
 from .extractor import DriveExtractor
 from .labelling import Labeller, delegate, loaded_fields, saving
 from .sb3_logger import use_default_logger
