@@ -34,10 +34,11 @@ and, for DriveSAC, the reward service's embedding worker. The learners keep only
     ``use_service`` (DriveVLM-RL's real detector and reasoner then run in a worker of their own).
     Transitions are labelled only once everything they need is back; until then they stay pending
     and are never sampled.
-- **DrivePPO** (rollouts): ``start_rollout`` / ``embed_step`` embed each step's next observations
-  (and the observations acted from, carried across steps and rollouts), ``embed_rgb`` the camera
-  frames, ``prepare`` the step's batch; ``learn(sampler, calls)`` after each update. The rollout's
-  storage and its one batch reward call stay in :mod:`drivemind.agents.ppo`.
+- **DrivePPO** (rollouts): ``start_rollout`` allocates the rollout's embeddings and reward columns;
+  ``rollout_step`` embeds each step's next observations (and the observations acted from, carried
+  across steps and rollouts) and camera frames, and runs ``prepare`` on the step's batch;
+  ``learn(sampler, calls)`` after each update. The rollout's facts, actions, bootstrap and its one
+  batch reward call stay in :mod:`drivemind.agents.ppo`.
 
 The labeller is never pickled: the agents save the fields in :data:`Labeller.SAVED` (the reward's
 name and ``state_dict``, the encoder and service configs, the counters) under the attribute
@@ -164,7 +165,11 @@ class Labeller:
         self._service = None
         self._in_service: dict[int, int] = {}  # request id -> step when submitted
         self._poll_timeout = 0.0
-        self._carry = None  # DrivePPO: (observation object, its (n_envs, D) embedding)
+        # DrivePPO: the rollout's embeddings and reward columns (start_rollout), and the
+        # (observation object, its (n_envs, D) embedding) carried from step to step
+        self.rollout_embeddings = self.rollout_obs_embeddings = self.rollout_view_embeddings = None
+        self.rollout_columns: dict[str, np.ndarray] = {}
+        self._carry = None
 
     # ------------------------------------------------------------------ reward
     @property
@@ -513,12 +518,49 @@ class Labeller:
         return pending[:k]
 
     # ------------------------------------------------------------------ DrivePPO: rollouts
-    def start_rollout(self, last_obs) -> None:
-        """Before a rollout: the embedding of the observations its first actions are taken in
-        (obs embeddings only): the last rollout's final next embeddings when ``last_obs`` is the
-        observation they belong to, else (first rollout, envs reset by ``learn``) embedded."""
-        if needs_obs_embedding(self.reward_fn) and (self._carry is None or self._carry[0] is not last_obs):
-            self._carry = (last_obs, self.embed(np.asarray(last_obs["bev"])))
+    def start_rollout(self, n_steps: int, n_envs: int, last_obs) -> None:
+        """Before a rollout: per-step storage for what the reward reads besides the env's facts
+        (``rollout_embeddings``, ``rollout_obs_embeddings``: ``(n_steps, n_envs, D)`` float32 where
+        the reward reads them; ``rollout_columns``: column -> ``(n_steps, n_envs)``), and the
+        embedding of the observations the first actions are taken in (obs embeddings only): the
+        last rollout's final next embeddings when ``last_obs`` is the observation they belong to,
+        else (first rollout, envs reset by ``learn``) embedded."""
+        reward_fn = self.reward_fn
+        self.rollout_columns = {k: np.zeros((n_steps, n_envs), dt)
+                                for k, dt in (getattr(reward_fn, "columns", None) or {}).items()}
+        self.rollout_embeddings = self.rollout_obs_embeddings = self.rollout_view_embeddings = None
+        if not needs_embedding(reward_fn):
+            return
+        dim = int(self.tower().dim)
+        self.rollout_embeddings = np.zeros((n_steps, n_envs, dim), np.float32)
+        if needs_obs_embedding(reward_fn):
+            self.rollout_obs_embeddings = np.zeros((n_steps, n_envs, dim), np.float32)
+            if self._carry is None or self._carry[0] is not last_obs:
+                self._carry = (last_obs, self.embed(np.asarray(last_obs["bev"])))
+
+    def rollout_step(self, t: int, batch: dict, new_obs, infos: list[dict], dones, step: int) -> None:
+        """After VecEnv step ``t``: its embeddings (next observations, observations acted from,
+        camera frames) into the rollout storage and into ``batch`` (the step's facts, ``action``,
+        ``done``, ``env``, ``slot``) with the reward's columns, then the reward's ``prepare`` on it
+        (the step's transitions in time order: DriveMind's novelty detector and prompt generator;
+        ``frame(i)`` = env ``i``'s next observation), whose columns are stored."""
+        if self.rollout_embeddings is not None:
+            emb, obs_emb = self.embed_step(new_obs, infos, dones)
+            self.rollout_embeddings[t] = emb
+            batch["embedding"] = self.rollout_embeddings[t]
+            if obs_emb is not None:
+                self.rollout_obs_embeddings[t] = obs_emb
+                batch["obs_embedding"] = self.rollout_obs_embeddings[t]
+            if wants_view_embedding(self.reward_fn):
+                self._embed_step_views(t, infos)
+            if self.rollout_view_embeddings is not None:
+                batch["view_embedding"] = self.rollout_view_embeddings[t]
+        for k, col in self.rollout_columns.items():
+            batch[k] = col[t]
+        cols, _ = self.prepare(batch["slot"], batch, lambda i: next_frame(new_obs, infos, dones, i), step,
+                               timeout=None)  # on-policy: every value is needed now
+        for k, v in cols.items():
+            self.rollout_columns[k][t] = v
 
     def embed_step(self, new_obs, infos: list[dict], dones) -> tuple[np.ndarray, np.ndarray | None]:
         """One VecEnv step's embeddings in one tower call: the next observations (terminal ones
@@ -538,6 +580,17 @@ class Labeller:
         nxt[starts] = e[n_envs:]
         self._carry = (new_obs, nxt)
         return e[:n_envs], current
+
+    def _embed_step_views(self, t: int, infos: list[dict]) -> None:
+        """Step ``t``'s forward camera frames into ``rollout_view_embeddings[t]`` (rows of zeros
+        for envs without one), when the encoder embeds RGB."""
+        have = [i for i, inf in enumerate(infos) if inf.get(VIEW_KEY) is not None]
+        if not have or self.rgb_tower(stacklevel=6) is None:
+            return
+        if self.rollout_view_embeddings is None:
+            self.rollout_view_embeddings = np.zeros_like(self.rollout_embeddings)
+        self.rollout_view_embeddings[t, have] = self.embed_rgb(
+            np.stack([np.asarray(infos[i][VIEW_KEY]) for i in have]))
 
 
 __all__ = ["Labeller", "bev_frames", "delegate", "loaded_fields", "next_frame", "saving", "service_config"]

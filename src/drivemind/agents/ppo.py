@@ -37,9 +37,11 @@ Semantic rewards (``aicr_static``, ``drivemind``, ``vlm_rl``, ...). ``reward_fn.
 (:func:`drivemind.agents.embedding.split_needs`) into facts, read from ``info``, and the batch keys
 the agent provides: ``action`` (the action the env received), ``done``, ``env``, ``slot`` (the
 rollout row ``t * n_envs + i``), ``embedding``, ``obs_embedding`` and the reward's ``columns``.
-The reward, the image tower and the embedding of each step are ``self.labeller``
-(:class:`drivemind.agents.labelling.Labeller`, shared with DriveSAC); the rollout's storage and its
-batch reward call are here.
+The reward, the image tower, each step's embeddings and reward columns (and ``prepare``) are
+``self.labeller`` (:class:`drivemind.agents.labelling.Labeller`, shared with DriveSAC; the
+``rollout_embeddings`` / ``rollout_obs_embeddings`` / ``rollout_view_embeddings`` /
+``rollout_columns`` attributes read its storage); the rollout's facts, actions, dones, bootstrap and
+its one batch reward call are here.
 
 - **Embeddings.** When the reward reads embeddings, every step's next-observation BEVs of all envs
   (the terminal observation for an env whose episode ended there) go through the image tower in
@@ -91,9 +93,8 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from ..rewards import Reward, make_reward
-from .embedding import (BATCH_KEYS, VIEW_KEY, needs_embedding, needs_obs_embedding, sample_triples,
-                        split_needs, wants_view_embedding)
-from .labelling import Labeller, delegate, loaded_fields, next_frame, saving
+from .embedding import BATCH_KEYS, sample_triples, split_needs
+from .labelling import Labeller, delegate, loaded_fields, saving
 from .sb3_logger import use_default_logger
 
 
@@ -132,6 +133,10 @@ class DrivePPO(PPO):
     reward_state = delegate("reward_state")
     encoder = delegate("encoder")
     embedded_frames = delegate("embedded_frames")
+    rollout_embeddings = delegate("rollout_embeddings", "(n_steps, n_envs, D) float32 or None")
+    rollout_obs_embeddings = delegate("rollout_obs_embeddings", "(n_steps, n_envs, D) float32 or None")
+    rollout_view_embeddings = delegate("rollout_view_embeddings", "(n_steps, n_envs, D) float32 or None")
+    rollout_columns = delegate("rollout_columns", "column -> (n_steps, n_envs)")
 
     def __init__(self, policy="MultiInputPolicy", env=None, *args, reward_fn=None,
                  store_facts: Sequence[str] = (), log_reward_terms: bool = True,
@@ -159,10 +164,6 @@ class DrivePPO(PPO):
         self.rollout_bootstrap: np.ndarray | None = None  # (n_steps, n_envs) float32
         self.rollout_actions: np.ndarray | None = None  # (n_steps, n_envs, action_dim) float32
         self.rollout_dones: np.ndarray | None = None  # (n_steps, n_envs) float32
-        self.rollout_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
-        self.rollout_obs_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
-        self.rollout_view_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
-        self.rollout_columns: dict[str, np.ndarray] = {}  # column -> (n_steps, n_envs)
         self._rollout_tail = None  # (buffer, last values, last dones) of the last full rollout
         super().__init__(policy, env, *args, **kwargs)
         if reward_fn is not None:
@@ -201,7 +202,7 @@ class DrivePPO(PPO):
         batch["slot"] = np.arange(n)
         for key, arr in (("embedding", self.rollout_embeddings),
                          ("obs_embedding", self.rollout_obs_embeddings),
-                         ("view_embedding", getattr(self, "rollout_view_embeddings", None))):
+                         ("view_embedding", self.rollout_view_embeddings)):
             if arr is not None:
                 batch[key] = arr.reshape(n, arr.shape[-1])
         for k, v in self.rollout_columns.items():
@@ -323,18 +324,6 @@ class DrivePPO(PPO):
         use_default_logger(self)  # no SB3-<date> folder in the system temp dir
         return super()._setup_learn(*args, **kwargs)
 
-    def _embed_views(self, t: int, infos: list[dict]) -> None:
-        """Step ``t``'s forward camera frames into ``rollout_view_embeddings[t]`` (rows of zeros
-        for envs without one), when the reward reads them and the encoder embeds RGB."""
-        have = [i for i, inf in enumerate(infos) if inf.get(VIEW_KEY) is not None]
-        if not have or self.labeller.rgb_tower(stacklevel=5) is None:
-            return
-        if self.rollout_view_embeddings is None:
-            n_steps, n_envs, dim = self.rollout_embeddings.shape
-            self.rollout_view_embeddings = np.zeros((n_steps, n_envs, dim), np.float32)
-        self.rollout_view_embeddings[t, have] = self.labeller.embed_rgb(
-            np.stack([np.asarray(infos[i][VIEW_KEY]) for i in have]))
-
     def collect_rollouts(self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer,
                          n_rollout_steps: int) -> bool:
         """Fill ``rollout_buffer`` with ``n_rollout_steps`` steps per env: SB3's loop, but for
@@ -355,24 +344,13 @@ class DrivePPO(PPO):
         self.policy.set_training_mode(False)  # eval mode for batch norm / dropout while acting
 
         n_envs = env.num_envs
-        reward_fn = self.reward_fn
         facts = np.zeros((n_rollout_steps, n_envs, len(self.fact_keys)), np.float32)
         bootstrap = np.zeros((n_rollout_steps, n_envs), np.float32)
         taken = np.zeros((n_rollout_steps, n_envs, get_action_dim(self.action_space)), np.float32)
         ended = np.zeros((n_rollout_steps, n_envs), np.float32)
         self.rollout_facts, self.rollout_bootstrap, self._rollout_tail = facts, bootstrap, None
         self.rollout_actions, self.rollout_dones = taken, ended
-        self.rollout_columns = {k: np.zeros((n_rollout_steps, n_envs), dt)
-                                for k, dt in (getattr(reward_fn, "columns", None) or {}).items()}
-        embeds, obs_embeds = needs_embedding(reward_fn), needs_obs_embedding(reward_fn)
-        self.rollout_embeddings = self.rollout_obs_embeddings = self.rollout_view_embeddings = None
-        views = embeds and wants_view_embedding(reward_fn)
-        if embeds:
-            dim = int(self.image_encoder().dim)
-            self.rollout_embeddings = np.zeros((n_rollout_steps, n_envs, dim), np.float32)
-            if obs_embeds:
-                self.rollout_obs_embeddings = np.zeros((n_rollout_steps, n_envs, dim), np.float32)
-            self.labeller.start_rollout(self._last_obs)  # the embedding of the obs acted from
+        self.labeller.start_rollout(n_rollout_steps, n_envs, self._last_obs)  # embeddings, columns
         env_ids = np.arange(n_envs)
         placeholder = np.zeros(n_envs, np.float32)  # real rewards are written after the rollout
 
@@ -414,32 +392,13 @@ class DrivePPO(PPO):
             facts[n_steps] = self._read_facts(infos)
             taken[n_steps] = np.asarray(clipped_actions, np.float32).reshape(n_envs, -1)
             ended[n_steps] = np.asarray(dones, np.float32)
-            if embeds:  # next observations (and, obs embeddings, the ones acted from) in one call
-                emb, obs_emb = self.labeller.embed_step(new_obs, infos, dones)
-                self.rollout_embeddings[n_steps] = emb
-                if obs_emb is not None:
-                    self.rollout_obs_embeddings[n_steps] = obs_emb
-                if views:
-                    self._embed_views(n_steps, infos)
-
-            # the reward's online hook, on this step's transitions in time order (DriveMind:
-            # novelty detector and prompt generator); the columns it returns are stored
+            # the reward's per-step work on this step's transitions: embeddings (semantic rewards),
+            # then its online prepare hook (DriveMind: novelty detector, prompt generator), whose
+            # columns are stored
             step_batch = {k: facts[n_steps, :, j] for j, k in enumerate(self.fact_keys)}
             step_batch.update(action=taken[n_steps], done=ended[n_steps], env=env_ids,
                               slot=n_steps * n_envs + env_ids)
-            if embeds:
-                step_batch["embedding"] = self.rollout_embeddings[n_steps]
-                if obs_embeds:
-                    step_batch["obs_embedding"] = self.rollout_obs_embeddings[n_steps]
-                if self.rollout_view_embeddings is not None:
-                    step_batch["view_embedding"] = self.rollout_view_embeddings[n_steps]
-            for k, col in self.rollout_columns.items():
-                step_batch[k] = col[n_steps]
-            frame = (lambda i, o=new_obs, inf=infos, d=dones: next_frame(o, inf, d, i))
-            cols, _ = self.labeller.prepare(step_batch["slot"], step_batch, frame, self.num_timesteps,
-                                            timeout=None)  # on-policy: every value is needed now
-            for k, v in cols.items():
-                self.rollout_columns[k][n_steps] = v
+            self.labeller.rollout_step(n_steps, step_batch, new_obs, infos, dones, self.num_timesteps)
 
             # Timeouts: an episode cut short by truncation did not end, so its last reward is
             # bootstrapped with the discounted value of the observation it was cut at (SB3, GitHub
@@ -509,8 +468,7 @@ class DrivePPO(PPO):
         # load again); the rollout is transient
         return super()._excluded_save_params() + [
             "labeller", "fact_keys", "rollout_facts", "rollout_bootstrap", "rollout_actions",
-            "rollout_dones", "rollout_embeddings", "rollout_obs_embeddings", "rollout_view_embeddings",
-            "rollout_columns", "_rollout_tail", "_nonfinite_warned"]
+            "rollout_dones", "_rollout_tail", "_nonfinite_warned"]
 
     @classmethod
     def load(cls, path, env=None, device="auto", custom_objects=None, print_system_info=False,
