@@ -13,11 +13,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
+from stable_baselines3.common.save_util import load_from_zip_file
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 import drivemind  # noqa: F401
 from drivemind.agents import (INVALID, LABELLED, PENDING, DriveExtractor, DriveSAC,
                               PaletteCodec, RelabelReplayBuffer)
+from drivemind.agents.labelling import Labeller
 from drivemind.envs import FACT_KEYS
 from drivemind.rewards import Reward, make_reward
 
@@ -246,6 +248,13 @@ def test_sac_trains_on_relabelled_rewards_saves_and_resumes(tmp_path):
     m3 = DriveSAC.load(tmp_path / "m.zip", env=venv, device="cpu")
     with pytest.raises(ValueError, match="no reward function.*'tirl'"):
         m3.label_pending()
+    # the labeller is not pickled: its fields go in under the names checkpoints have always had,
+    # and come back into the labeller (not left as stale attributes of the model)
+    data, _, _ = load_from_zip_file(tmp_path / "m.zip", device="cpu")
+    assert "labeller" not in data and "reward_fn" not in data
+    assert data["reward_name"] == "tirl" and data["embedded_frames"] == 0 and "reward_service" in data
+    assert not set(Labeller.SAVED) & set(m2.__dict__)
+    assert m3.labeller.reward_name == m3.reward_name == "tirl" and m3.labeller.reward_fn is None
 
 
 def test_prescaled_batches_match_sb3_preprocessing():

@@ -176,11 +176,11 @@ def test_drivesac_runs_the_models_in_the_service():
         assert np.array_equal(batch["dyn_gate"], (batch["critical_count"] > 0).astype(np.int8))
         assert batch["dyn_gate"].any()  # the drivevlm density puts critical objects in view
         assert synth.labelled_remote > 0 and synth._service is not None
-        assert m._service is not None  # the embedding worker too
+        assert m.labeller._service is not None  # the embedding worker too
         assert not np.any(np.all(buf.embeddings.reshape(-1, buf.embedding_dim)[lab] == 0, axis=1))
     finally:
         m.close_service()
-    assert synth._service is None and m._service is None
+    assert synth._service is None and m.labeller._service is None
 
 
 def test_train_through_config_with_the_service(tmp_path):

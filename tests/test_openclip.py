@@ -297,4 +297,4 @@ def test_drivesac_with_openclip_encoder(tiny):
     # the embedding worker hosts BEV-CLIP only: with OpenCLIP the service leaves embeddings inline
     m2 = DriveSAC(env=env, reward_fn=reward, encoder=spec, reward_service=True, buffer_size=50,
                   device="cpu", policy_kwargs=pk)
-    assert m2.reward_service is not None and not m2._embeds_in_service()
+    assert m2.reward_service is not None and not m2.labeller.embeds_in_service()

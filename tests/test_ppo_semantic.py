@@ -246,7 +246,7 @@ def test_drivemind_prompts_obs_embeddings_world_model_and_state(tmp_path):
     model.save(path)
     data, _, _ = load_from_zip_file(path, device="cpu")
     assert "reward_state" in data and data["reward_name"] == "drivemind"
-    assert not {"reward_fn", "_image_encoder", "rollout_embeddings"} & set(data)
+    assert not {"reward_fn", "labeller", "_image_encoder", "rollout_embeddings"} & set(data)
     fresh = make_reward("drivemind", novelty_warmup=10, novelty_quantile=0.8,
                         asynchronous=False, wm_hidden=32, wm_batch=16)
     loaded = DrivePPO.load(path, env=venv, reward_fn=fresh, device="cpu")
@@ -275,7 +275,7 @@ def test_bev_shape_without_checkpoint_fails_at_construction(tmp_path, monkeypatc
     chen = make_reward("chen")
     m = make_model(chen, venv)
     m.learn(total_timesteps=N_STEPS * N_ENVS)
-    assert m._image_encoder is None and m.rollout_embeddings is None and m.embedded_frames == 0
+    assert m.labeller.image_encoder is None and m.rollout_embeddings is None and m.embedded_frames == 0
     assert m.fact_keys == chen.needs and m.rollout_columns == {}
     assert set(m.rollout_batch()) == {*chen.needs, "action", "done", "env", "slot"}
 

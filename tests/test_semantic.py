@@ -150,7 +150,7 @@ def test_drivesac_embeds_once_and_rescores(tmp_path):
     assert not np.allclose(new, reward(batch), atol=1e-6)
     m.save(tmp_path / "m.zip")  # the image tower and the reward are not saved with the model
     m2 = DriveSAC.load(tmp_path / "m.zip", env=venv, reward_fn=other, device="cpu")
-    assert m2.replay_buffer.embedding_dim == 384 and m2._bev_clip is None
+    assert m2.replay_buffer.embedding_dim == 384 and m2.labeller.image_encoder is None
 
 
 def test_drivesac_refuses_unsupported_bev_shape():

@@ -37,6 +37,11 @@ Semantic rewards (``aicr_static``, ``drivemind``, ``vlm_rl``, ...). ``reward_fn.
 (:func:`drivemind.agents.embedding.split_needs`) into facts, read from ``info``, and the batch keys
 the agent provides: ``action`` (the action the env received), ``done``, ``env``, ``slot`` (the
 rollout row ``t * n_envs + i``), ``embedding``, ``obs_embedding`` and the reward's ``columns``.
+The reward, the image tower, each step's embeddings and reward columns (and ``prepare``) are
+``self.labeller`` (:class:`drivemind.agents.labelling.Labeller`, shared with DriveSAC; the
+``rollout_embeddings`` / ``rollout_obs_embeddings`` / ``rollout_view_embeddings`` /
+``rollout_columns`` attributes read its storage); the rollout's facts, actions, dones, bootstrap and
+its one batch reward call are here.
 
 - **Embeddings.** When the reward reads embeddings, every step's next-observation BEVs of all envs
   (the terminal observation for an env whose episode ended there) go through the image tower in
@@ -88,9 +93,8 @@ from stable_baselines3.common.utils import obs_as_tensor
 from stable_baselines3.common.vec_env import VecEnv
 
 from ..rewards import Reward, make_reward
-from .embedding import (BATCH_KEYS, VIEW_KEY, bev_shape, build_image_encoder, can_embed_rgb,  # noqa: F401
-                        check_encoder, needs_embedding, needs_obs_embedding, run_prepare,
-                        sample_triples, split_needs, wants_view_embedding, warn_bev_only)
+from .embedding import BATCH_KEYS, sample_triples, split_needs
+from .labelling import Labeller, delegate, loaded_fields, saving
 from .sb3_logger import use_default_logger
 
 
@@ -123,6 +127,17 @@ class DrivePPO(PPO):
     :param kwargs: PPO's keyword arguments, unchanged.
     """
 
+    # the labeller's fields (reward, image tower, counters), under the names this agent has always had
+    reward_fn = delegate("reward_fn")
+    reward_name = delegate("reward_name")
+    reward_state = delegate("reward_state")
+    encoder = delegate("encoder")
+    embedded_frames = delegate("embedded_frames")
+    rollout_embeddings = delegate("rollout_embeddings", "(n_steps, n_envs, D) float32 or None")
+    rollout_obs_embeddings = delegate("rollout_obs_embeddings", "(n_steps, n_envs, D) float32 or None")
+    rollout_view_embeddings = delegate("rollout_view_embeddings", "(n_steps, n_envs, D) float32 or None")
+    rollout_columns = delegate("rollout_columns", "column -> (n_steps, n_envs)")
+
     def __init__(self, policy="MultiInputPolicy", env=None, *args, reward_fn=None,
                  store_facts: Sequence[str] = (), log_reward_terms: bool = True,
                  encoder: dict | None = None, reward_learn_calls: int | None = None, **kwargs):
@@ -138,28 +153,17 @@ class DrivePPO(PPO):
             raise ValueError(f"reward_learn_calls must be >= 0 or None (one per PPO minibatch), "
                              f"got {reward_learn_calls}")
         # set before PPO's constructor, which may already build the model
-        self.reward_fn: Reward | None = None
-        self.reward_name: str | None = None
-        self.reward_state: dict | None = None  # reward_fn.state_dict() as of the last save
-        self.encoder = check_encoder(encoder)
+        self.labeller = Labeller(encoder=encoder, agent="DrivePPO")
         self.reward_learn_calls = None if reward_learn_calls is None else int(reward_learn_calls)
         self.store_facts = tuple(store_facts)
         self.fact_keys: tuple[str, ...] = ()
         self.log_reward_terms = bool(log_reward_terms)
         self.nonfinite_rewards = 0  # non-finite rewards replaced by 0, over all rollouts
-        self.embedded_frames = 0  # frames through the image tower, over all rollouts
         self._nonfinite_warned = False
-        self._image_encoder = None
-        self._obs_emb = None  # (the observation object, its (n_envs, D) embedding) carried over
         self.rollout_facts: np.ndarray | None = None  # (n_steps, n_envs, len(fact_keys)) float32
         self.rollout_bootstrap: np.ndarray | None = None  # (n_steps, n_envs) float32
         self.rollout_actions: np.ndarray | None = None  # (n_steps, n_envs, action_dim) float32
         self.rollout_dones: np.ndarray | None = None  # (n_steps, n_envs) float32
-        self.rollout_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
-        self.rollout_obs_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
-        self.rollout_view_embeddings: np.ndarray | None = None  # (n_steps, n_envs, D) float32
-        self._warned_views = False
-        self.rollout_columns: dict[str, np.ndarray] = {}  # column -> (n_steps, n_envs)
         self._rollout_tail = None  # (buffer, last values, last dones) of the last full rollout
         super().__init__(policy, env, *args, **kwargs)
         if reward_fn is not None:
@@ -170,28 +174,14 @@ class DrivePPO(PPO):
         """Learn from ``reward_fn`` from the next rollout on (also used after ``load``). A reward
         that reads embeddings loads the image tower here (once per model)."""
         reward_fn = as_reward(reward_fn)
-        self.reward_fn = reward_fn
-        self.reward_name = reward_fn.name
+        self.labeller.set_reward(reward_fn, load_tower=True)  # a BEV shape without a checkpoint fails here
         facts, _ = split_needs(reward_fn)
         self.fact_keys = tuple(dict.fromkeys([*facts, *self.store_facts]))
-        if needs_embedding(reward_fn) and self.observation_space is not None:
-            if self._image_encoder is None:
-                self.image_encoder()  # a BEV shape without a checkpoint fails here
-            elif (self.encoder or {}).get("kind", "bev_clip") != "bev_clip":
-                reward_fn.bind_encoder(self._image_encoder)  # prompts through its text tower
 
     def image_encoder(self):
-        """The image tower (loaded on first use): BEV-CLIP for this env's BEV shape, or the
-        configured ``encoder``."""
-        if self._image_encoder is None:
-            self._image_encoder = build_image_encoder(self.encoder, bev_shape(self.observation_space),
-                                                      self.reward_fn)
-        return self._image_encoder
-
-    def _embed(self, frames: np.ndarray) -> np.ndarray:
-        out = np.asarray(self.image_encoder().embed(frames, batch_size=256), np.float32)
-        self.embedded_frames += len(frames)
-        return out
+        """The image tower (``Labeller.tower``; loaded on first use): BEV-CLIP for this env's BEV
+        shape, or the configured ``encoder``."""
+        return self.labeller.tower()
 
     def rollout_batch(self) -> dict[str, np.ndarray]:
         """The last rollout as a reward batch, row ``t * n_envs + i`` = step ``t`` of env ``i``:
@@ -212,7 +202,7 @@ class DrivePPO(PPO):
         batch["slot"] = np.arange(n)
         for key, arr in (("embedding", self.rollout_embeddings),
                          ("obs_embedding", self.rollout_obs_embeddings),
-                         ("view_embedding", getattr(self, "rollout_view_embeddings", None))):
+                         ("view_embedding", self.rollout_view_embeddings)):
             if arr is not None:
                 batch[key] = arr.reshape(n, arr.shape[-1])
         for k, v in self.rollout_columns.items():
@@ -324,73 +314,15 @@ class DrivePPO(PPO):
                            f"facts (DriveMind-v0)") from None
 
     # ------------------------------------------------------------------ rollouts
+    def _setup_model(self) -> None:
+        self.labeller.observation_space = self.observation_space
+        super()._setup_model()
+
     def _setup_learn(self, *args, **kwargs):
-        if self.reward_fn is None:
-            hint = f" (it was trained with {self.reward_name!r})" if self.reward_name else ""
-            raise RuntimeError(f"DrivePPO has no reward function{hint}: pass reward_fn to load() "
-                               f"or call set_reward() before learn()")
+        self.labeller.require_reward(RuntimeError, "pass reward_fn to load() or call set_reward() "
+                                     "before learn()")
         use_default_logger(self)  # no SB3-<date> folder in the system temp dir
         return super()._setup_learn(*args, **kwargs)
-
-    @staticmethod
-    def _next_frame(new_obs, infos: list[dict], dones, i: int) -> dict:
-        """Env ``i``'s next observation as a dict of arrays: the terminal observation when its
-        episode ended at this step (the VecEnv has already reset it); with ``"rgb"``, the step's
-        forward camera frame, where the backend has one."""
-        if dones[i]:
-            term = infos[i].get("terminal_observation")
-            if term is None:
-                raise KeyError(f"env {i} ended an episode without 'terminal_observation' in its "
-                               f"info; step DrivePPO with an SB3 VecEnv (DummyVecEnv, "
-                               f"SubprocVecEnv), which records it")
-            out = dict(term) if isinstance(term, dict) else {"obs": np.asarray(term)}
-        elif isinstance(new_obs, dict):
-            out = {k: np.asarray(v[i]) for k, v in new_obs.items()}
-        else:
-            out = {"obs": np.asarray(new_obs[i])}
-        view = infos[i].get(VIEW_KEY)
-        if view is not None:
-            out["rgb"] = np.asarray(view)
-        return out
-
-    def _embed_views(self, t: int, infos: list[dict]) -> None:
-        """Step ``t``'s forward camera frames into ``rollout_view_embeddings[t]`` (rows of zeros
-        for envs without one), when the reward reads them and the encoder embeds RGB."""
-        have = [i for i, inf in enumerate(infos) if inf.get(VIEW_KEY) is not None]
-        if not have:
-            return
-        enc = self.image_encoder()
-        if not can_embed_rgb(enc):
-            if not self._warned_views:
-                warn_bev_only(enc, self.reward_name, stacklevel=4)
-                self._warned_views = True
-            return
-        if self.rollout_view_embeddings is None:
-            n_steps, n_envs, dim = self.rollout_embeddings.shape
-            self.rollout_view_embeddings = np.zeros((n_steps, n_envs, dim), np.float32)
-        e = np.asarray(enc.embed_rgb(np.stack([np.asarray(infos[i][VIEW_KEY]) for i in have])), np.float32)
-        self.rollout_view_embeddings[t, have] = e
-        self.embedded_frames += len(have)
-
-    def _embed_step(self, t: int, new_obs, infos: list[dict], dones, current: np.ndarray | None
-                    ) -> np.ndarray | None:
-        """Embed step ``t``'s next observations (terminal ones at episode ends) into
-        ``rollout_embeddings[t]`` in one call, together with the reset observations of the envs
-        that ended an episode when obs embeddings are needed; ``current`` is the embedding of
-        the observations the step's actions were taken in (stored as ``rollout_obs_embeddings[t]``).
-        Returns the embedding of the observations the next step acts from."""
-        n_envs = len(dones)
-        frames = [self._next_frame(new_obs, infos, dones, i)["bev"] for i in range(n_envs)]
-        starts = np.flatnonzero(dones) if current is not None else np.zeros(0, np.int64)
-        frames += [new_obs["bev"][i] for i in starts]
-        e = self._embed(np.stack(frames))
-        self.rollout_embeddings[t] = e[:n_envs]
-        if current is None:
-            return None
-        self.rollout_obs_embeddings[t] = current
-        nxt = e[:n_envs].copy()
-        nxt[starts] = e[n_envs:]
-        return nxt
 
     def collect_rollouts(self, env: VecEnv, callback: BaseCallback, rollout_buffer: RolloutBuffer,
                          n_rollout_steps: int) -> bool:
@@ -412,28 +344,13 @@ class DrivePPO(PPO):
         self.policy.set_training_mode(False)  # eval mode for batch norm / dropout while acting
 
         n_envs = env.num_envs
-        reward_fn = self.reward_fn
         facts = np.zeros((n_rollout_steps, n_envs, len(self.fact_keys)), np.float32)
         bootstrap = np.zeros((n_rollout_steps, n_envs), np.float32)
         taken = np.zeros((n_rollout_steps, n_envs, get_action_dim(self.action_space)), np.float32)
         ended = np.zeros((n_rollout_steps, n_envs), np.float32)
         self.rollout_facts, self.rollout_bootstrap, self._rollout_tail = facts, bootstrap, None
         self.rollout_actions, self.rollout_dones = taken, ended
-        self.rollout_columns = {k: np.zeros((n_rollout_steps, n_envs), dt)
-                                for k, dt in (getattr(reward_fn, "columns", None) or {}).items()}
-        embeds, obs_embeds = needs_embedding(reward_fn), needs_obs_embedding(reward_fn)
-        self.rollout_embeddings = self.rollout_obs_embeddings = self.rollout_view_embeddings = None
-        views = embeds and wants_view_embedding(reward_fn)
-        current = None  # embedding of self._last_obs (obs embeddings only)
-        if embeds:
-            dim = int(self.image_encoder().dim)
-            self.rollout_embeddings = np.zeros((n_rollout_steps, n_envs, dim), np.float32)
-            if obs_embeds:
-                self.rollout_obs_embeddings = np.zeros((n_rollout_steps, n_envs, dim), np.float32)
-                if self._obs_emb is not None and self._obs_emb[0] is self._last_obs:
-                    current = self._obs_emb[1]  # the last rollout's final next embeddings
-                else:  # the first rollout, or the envs were reset by learn()
-                    current = self._embed(np.asarray(self._last_obs["bev"]))
+        self.labeller.start_rollout(n_rollout_steps, n_envs, self._last_obs)  # embeddings, columns
         env_ids = np.arange(n_envs)
         placeholder = np.zeros(n_envs, np.float32)  # real rewards are written after the rollout
 
@@ -475,29 +392,13 @@ class DrivePPO(PPO):
             facts[n_steps] = self._read_facts(infos)
             taken[n_steps] = np.asarray(clipped_actions, np.float32).reshape(n_envs, -1)
             ended[n_steps] = np.asarray(dones, np.float32)
-            if embeds:
-                current = self._embed_step(n_steps, new_obs, infos, dones, current)
-                if views:
-                    self._embed_views(n_steps, infos)
-
-            # the reward's online hook, on this step's transitions in time order (DriveMind:
-            # novelty detector and prompt generator); the columns it returns are stored
+            # the reward's per-step work on this step's transitions: embeddings (semantic rewards),
+            # then its online prepare hook (DriveMind: novelty detector, prompt generator), whose
+            # columns are stored
             step_batch = {k: facts[n_steps, :, j] for j, k in enumerate(self.fact_keys)}
             step_batch.update(action=taken[n_steps], done=ended[n_steps], env=env_ids,
                               slot=n_steps * n_envs + env_ids)
-            if embeds:
-                step_batch["embedding"] = self.rollout_embeddings[n_steps]
-                if obs_embeds:
-                    step_batch["obs_embedding"] = self.rollout_obs_embeddings[n_steps]
-                if self.rollout_view_embeddings is not None:
-                    step_batch["view_embedding"] = self.rollout_view_embeddings[n_steps]
-            for k, col in self.rollout_columns.items():
-                step_batch[k] = col[n_steps]
-            frame = (lambda i, o=new_obs, inf=infos, d=dones: self._next_frame(o, inf, d, i))
-            cols, _ = run_prepare(reward_fn, step_batch["slot"], step_batch, frame, self.num_timesteps,
-                                  timeout=None)  # on-policy: every value is needed now
-            for k, v in cols.items():
-                self.rollout_columns[k][n_steps] = v
+            self.labeller.rollout_step(n_steps, step_batch, new_obs, infos, dones, self.num_timesteps)
 
             # Timeouts: an episode cut short by truncation did not end, so its last reward is
             # bootstrapped with the discounted value of the observation it was cut at (SB3, GitHub
@@ -518,8 +419,6 @@ class DrivePPO(PPO):
                                values, log_probs)
             self._last_obs = new_obs
             self._last_episode_starts = dones
-            if obs_embeds:
-                self._obs_emb = (new_obs, current)
             n_steps += 1
 
         with th.no_grad():  # value of the observation after the last step, for GAE
@@ -549,38 +448,27 @@ class DrivePPO(PPO):
         """SB3's PPO update, then ``reward_fn.learn(embedding_sampler)`` on the rollout just
         trained on (``reward_learn_calls`` times; default one per PPO minibatch)."""
         super().train()
-        learn = getattr(self.reward_fn, "learn", None)
-        if learn is None:
-            return
         calls = self.reward_learn_calls
         if calls is None:
-            rows = self.n_steps * self.n_envs
-            calls = self.n_epochs * math.ceil(rows / self.batch_size)
-        logs: dict[str, list[float]] = {}
-        for _ in range(calls):
-            for k, v in (learn(self.embedding_sampler) or {}).items():
-                logs.setdefault(k, []).append(float(v))
-        for k, v in logs.items():
-            self.logger.record(k, float(np.mean(v)))
-        for k, v in self.reward_fn.stats().items():  # world_model/updates after this update
+            calls = self.n_epochs * math.ceil(self.n_steps * self.n_envs / self.batch_size)
+        logs = self.labeller.learn(self.embedding_sampler, calls)
+        if logs is None:  # the reward does not learn
+            return
+        for k, v in {**logs, **self.labeller.stats()}.items():  # world_model/updates after this update
             self.logger.record(k, v)
 
     # ------------------------------------------------------------------ save / load
     def save(self, path, exclude=None, include=None) -> None:
         """SB3's ``save``; the reward's ``state_dict()`` goes with it as ``reward_state``."""
-        sd = getattr(self.reward_fn, "state_dict", None)
-        if sd is not None:
-            self.reward_state = sd() or None
-        super().save(path, exclude=exclude, include=include)
+        with saving(self):  # also its name, the encoder config and the frame counter
+            super().save(path, exclude=exclude, include=include)
 
     def _excluded_save_params(self) -> list[str]:
-        # the reward and the image tower are not pickled (the reward is passed to load again);
-        # the rollout is transient
+        # the labeller (the reward and the image tower) is not pickled (the reward is passed to
+        # load again); the rollout is transient
         return super()._excluded_save_params() + [
-            "reward_fn", "fact_keys", "rollout_facts", "rollout_bootstrap", "rollout_actions",
-            "rollout_dones", "rollout_embeddings", "rollout_obs_embeddings", "rollout_view_embeddings",
-            "rollout_columns",
-            "_rollout_tail", "_nonfinite_warned", "_image_encoder", "_obs_emb"]
+            "labeller", "fact_keys", "rollout_facts", "rollout_bootstrap", "rollout_actions",
+            "rollout_dones", "_rollout_tail", "_nonfinite_warned"]
 
     @classmethod
     def load(cls, path, env=None, device="auto", custom_objects=None, print_system_info=False,
@@ -593,14 +481,7 @@ class DrivePPO(PPO):
                              print_system_info=print_system_info, force_reset=force_reset,
                              **kwargs)
         model.store_facts = tuple(model.store_facts)  # saved as a JSON list
-        if reward_fn is not None:
-            saved = model.reward_name
-            model.set_reward(reward_fn)
-            if saved is not None and saved != model.reward_name:
-                warnings.warn(f"the model was trained with reward {saved!r} and is now given "
-                              f"{model.reward_name!r}", UserWarning, stacklevel=2)
-            elif getattr(model, "reward_state", None):
-                model.reward_fn.load_state_dict(model.reward_state)  # prompts, novelty, world model
+        model.labeller.restore(loaded_fields(model), reward_fn, set_reward=model.set_reward)
         return model
 
 
