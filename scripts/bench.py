@@ -28,8 +28,8 @@ autopilot: the built-in autopilot on the town's 10 fixed evaluation routes (eval
     python scripts/bench.py train
 
 train: SAC env steps/s with one gradient step per env step (batch 256, 15x96x96 BEV), ours
-     (DriveSAC: shared encoder, relabelling buffer) and stock SB3 SAC("MultiInputPolicy") built on
-     the same env, filled past learning_starts untimed, then timed in alternating rounds in the same
+     (DriveSAC: shared encoder, relabelling buffer), ours on the fast path (frozen BEV encoder
+     features, MLP heads: fast_*) and stock SB3 SAC("MultiInputPolicy") built on the same env, filled past learning_starts untimed, then timed in alternating rounds in the same
      process. Reports steps_per_s, sb3_steps_per_s, ratio_vs_sb3 and replay bytes per transition
      for both (and the size of 100k transitions).
 
@@ -304,7 +304,7 @@ def bench_train(args) -> dict:
     from stable_baselines3 import SAC
 
     import drivemind  # noqa: F401
-    from drivemind.agents import DriveSAC
+    from drivemind.agents import DriveSAC, FeatureExtractor
     from drivemind.agents.sb3_logger import use_default_logger
     from drivemind.rewards import make_reward
 
@@ -313,24 +313,29 @@ def bench_train(args) -> dict:
     common = dict(buffer_size=args.buffer_size, batch_size=args.batch_size, learning_starts=args.warmup,
                   train_freq=1, gradient_steps=1, seed=args.seed, verbose=0)
 
-    def env():
-        return gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev)
+    def env(**kw):
+        return gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev, **kw)
 
     models = {
         "drivemind": DriveSAC(env=env(), reward_fn=make_reward(args.reward), **common),
+        # the fast path: frozen BEV encoder features in the obs, MLP heads, no masks in the buffer
+        "fast": DriveSAC(env=env(features="bev_encoder"), reward_fn=make_reward(args.reward),
+                         policy_kwargs={"features_extractor_class": FeatureExtractor}, **common),
         # stock SB3: MultiInputPolicy (NatureCNN per image + flatten), DictReplayBuffer
         "sb3": SAC("MultiInputPolicy", env(), **common),
     }
     use_default_logger(models["sb3"])  # stock SAC would make an SB3-<date> folder in the temp dir
     obs_shape = list(models["sb3"].observation_space["bev"].shape)
     rates = _alternate_rounds(models, args.warmup, args.steps, args.rounds)
-    ours, sb3 = (statistics.median(rates[k]) for k in ("drivemind", "sb3"))
+    ours, sb3, fast = (statistics.median(rates[k]) for k in ("drivemind", "sb3", "fast"))
     bpt = {k: _replay_bytes(m.replay_buffer) for k, m in models.items()}
     return {
         "what": "train", "town": args.town, "density": args.density, "bev": obs_shape,
         "batch_size": args.batch_size, "gradient_steps_per_env_step": 1,
         "steps_per_s": round(ours, 3), "sb3_steps_per_s": round(sb3, 3),
         "ratio_vs_sb3": round(ours / sb3, 2),
+        "fast_steps_per_s": round(fast, 3), "fast_ratio_vs_sb3": round(fast / sb3, 2),
+        "fast_replay_bytes_per_transition": round(bpt["fast"]),
         "replay_bytes_per_transition": round(bpt["drivemind"]),
         "sb3_replay_bytes_per_transition": round(bpt["sb3"]),
         "replay_gb_100k": round(bpt["drivemind"] * 1e5 / 1e9, 3),
