@@ -78,8 +78,9 @@ def _hash_embed(bev):
 
 @pytest.fixture(scope="module")
 def tiny():
-    cfg = HeldoutConfig(towns=("grid",), densities=("dense",), drivers=("perturbed", "random"),
-                        steps=120, every=3)
+    # seed 1: one of its episodes ends in a crash (the labels below are checked on it)
+    cfg = HeldoutConfig(towns=("grid",), densities=("drivevlm",), drivers=("perturbed", "random"),
+                        steps=150, every=3, seed=1)
     return cfg, collect(cfg, embed=_hash_embed)
 
 
@@ -90,18 +91,29 @@ def test_tiny_set_is_deterministic_and_labelled_from_its_facts(tiny):
     assert np.array_equal(data.facts["speed_kmh"], again.facts["speed_kmh"])
     assert np.allclose(data.embedding, again.embedding)
     hit = data.facts["collision"] > 0
+    assert data.meta["collisions"] == hit.sum() == 1 and data.done[hit].all()
+    # the crash's last second is kept in full (oversampled) and labelled danger, in time order
+    assert data.labels["collision_1s"].sum() == 11
+    ttc = data.labels["time_to_collision_s"][data.labels["collision_1s"]]
+    assert np.allclose(ttc, np.arange(1.0, -0.05, -0.1))
     assert data.labels["collision_1s"][hit].all() and (data.labels["time_to_collision_s"][hit] == 0).all()
     assert data.embedding.shape == data.obs_embedding.shape == (len(data), 384)
-    assert set(data.source) == {"grid/dense/perturbed", "grid/dense/random"}
+    assert set(data.source) == {"grid/drivevlm/perturbed", "grid/drivevlm/random"}
     with pytest.raises(ValueError, match="valid: expert, perturbed, random"):
         HeldoutConfig(drivers=("drunk",))
 
 
 def test_scores_on_the_tiny_set(tiny):
     _, data = tiny
+    res, vals = evaluate_reward(lambda: make_reward("tirl"), data)
+    # TIRL is -1 at the collision step only: that row wins against every safe row, the other ten
+    # danger rows tie with them (0 = 0)
+    danger, safe = data.labels["collision_1s"], data.labels["safe"] & ~data.labels["collision_1s"]
+    assert res["n_danger"] == 11 and res["auroc"] == pytest.approx(auroc(-vals[danger | safe], danger[danger | safe]))
+    assert res["auroc"] == pytest.approx((1 * safe.sum() + 0.5 * 10 * safe.sum()) / (11 * safe.sum()))
     res, vals = evaluate_reward(lambda: make_reward("chen"), data)
     assert vals.shape == (len(data),) and np.isfinite(vals).all()
-    assert -1.0 <= res["spearman"] <= 1.0
+    assert -1.0 <= res["spearman"] <= 1.0 and set(res["term_auroc"]) == {"collision", "speed", "lane", "steer"}
     # standing still earns no progress: the task reward's twin never beats driving
     b = data.batch()
     assert (make_reward("task")(standstill_twin(b)) <= make_reward("task")(b) + 1e-12).all()

@@ -52,6 +52,9 @@ observation the step led to (``embedding``, what the agents store) and of the on
   controls at rest, full brake) scores higher than the observed frame (ties count half): how
   often the reward pays for not driving. ``standstill_wins_observed``: the same against observed
   standstill frames in free traffic (all pairs), when the set has both.
+- ``term_auroc`` (composites): the same AUROC for each weighted term of ``reward.explain`` on its
+  own (e.g. ``task.progress`` against the semantic term), to see which part carries or spoils
+  the signal.
 
 **Rewards with online state.** Every reward's ``prepare`` runs once over the whole set in time
 order before scoring (DriveMind's novelty detector and prompt cache with the generator inline -
@@ -345,7 +348,8 @@ def _has_learning(reward) -> bool:
 
 
 def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_encoder=None):
-    """(values for all rows, values of the constructed standstill twins of all rows)."""
+    """(values for all rows, values of the constructed standstill twins of all rows, each term of
+    ``reward.explain`` for all rows)."""
     from ..agents.embedding import run_prepare, sample_triples
 
     def fresh():
@@ -358,7 +362,7 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
     rows = np.arange(n)
     folds = [rows] if not _has_learning(reward_factory()) else \
         [rows[data.episode % 2 == 0], rows[data.episode % 2 == 1]]
-    vals, twins = np.full(n, np.nan), np.full(n, np.nan)
+    vals, twins, terms = np.full(n, np.nan), np.full(n, np.nan), {}
     for k, score_rows in enumerate(folds):
         r = fresh()
         batch = data.batch()
@@ -372,10 +376,13 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
             for _ in range(int(learn_rounds)):
                 r.learn(sampler)
         sub = {key: v[score_rows] for key, v in batch.items()}
-        vals[score_rows] = r(sub)
+        parts = r.explain(sub)
+        for key, v in parts.items():
+            terms.setdefault(key, np.full(n, np.nan))[score_rows] = v
+        vals[score_rows] = np.sum(np.stack(list(parts.values())), axis=0)
         twins[score_rows] = r(standstill_twin(sub))
         r.close()
-    return vals, twins
+    return vals, twins, terms
 
 
 def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, seed: int = 0,
@@ -384,7 +391,7 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
     on ``data``; returns ``(measures, per-row values)``."""
     from scipy.stats import spearmanr
 
-    vals, twins = _score(reward_factory, data, learn_rounds, seed, text_encoder)
+    vals, twins, terms = _score(reward_factory, data, learn_rounds, seed, text_encoder)
     lab = data.labels
     ok = np.isfinite(vals)
     danger, safe = lab["collision_1s"] & ok, lab["safe"] & ~lab["collision_1s"] & ok
@@ -401,6 +408,9 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
            "safe_mean": _mean(vals[safe]), "nonfinite": int((~ok).sum()),
            "n_danger": int(danger.sum()), "n_safe": int(safe.sum()), "n_cruise": int(cruise.sum()),
            "n_standstill": int(still.sum())}
+    if len(terms) > 1:  # a composite: how each weighted term on its own separates danger from safe
+        res["term_auroc"] = {k: auroc(-v[sel], danger[sel]) if np.isfinite(v[sel]).all() else float("nan")
+                             for k, v in terms.items()}
     return res, vals
 
 
