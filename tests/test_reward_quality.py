@@ -96,7 +96,11 @@ def test_tiny_set_is_deterministic_and_labelled_from_its_facts(tiny):
     assert data.labels["collision_1s"].sum() == 11
     ttc = data.labels["time_to_collision_s"][data.labels["collision_1s"]]
     assert np.allclose(ttc, np.arange(1.0, -0.05, -0.1))
-    assert data.labels["collision_1s"][hit].all() and (data.labels["time_to_collision_s"][hit] == 0).all()
+    assert data.labels["collision_1s"][hit].all()
+    for e in np.unique(data.episode):  # rows per episode in time order, ``done`` only on the last
+        rows = np.flatnonzero(data.episode == e)
+        assert np.all(np.diff(rows) == 1) and not data.done[rows[:-1]].any()
+        assert np.all(np.diff(data.facts["time"][rows]) > 0) and (data.labels["time_to_collision_s"][hit] == 0).all()
     assert data.embedding.shape == data.obs_embedding.shape == (len(data), 384)
     assert set(data.source) == {"grid/drivevlm/perturbed", "grid/drivevlm/random"}
     with pytest.raises(ValueError, match="valid: expert, perturbed, random"):

@@ -14,7 +14,7 @@ and the built-in town's seeds are disjoint). Drivers: ``expert`` (the built-in a
 ``PERTURBED_MIX``) and ``random`` (uniform random actions,
 each held for 5 steps). Every ``every``-th step is kept, and so is every step of the
 ``keep_s`` seconds before a collision and every near miss (lead time-to-collision below
-``NEAR_MISS_S``): positives are oversampled. The last ``horizon_s`` of an episode cut off by
+``NEAR_MISS_S``): positives are oversampled. An episode's last step is always kept. The last ``horizon_s`` of an episode cut off by
 the step budget are dropped (whether they end in a crash is unknown). Rows are in time order per
 episode; each carries the step's facts, the action taken, ``done``, the image embedding of the
 observation the step led to (``embedding``, what the agents store) and of the one it was taken in
@@ -251,7 +251,9 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> 
             n = len(episode)
             keep = (np.arange(n) % cfg.every == 0) | (lab["time_to_collision_s"] <= cfg.keep_s) \
                 | (lab["ttc_lead_s"] <= NEAR_MISS_S)
-            if not ended:  # cut off by the step budget: the last horizon's labels are unknown
+            if ended:  # the episode's last step is always kept (its ``done`` row)
+                keep[-1] = True
+            else:  # cut off by the step budget: the last horizon's labels are unknown
                 cut = int(math.ceil(cfg.horizon_s / dt))
                 counts["dropped_tail"] += int(keep[max(0, n - cut):].sum())
                 keep[max(0, n - cut):] = False
@@ -263,7 +265,7 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> 
                     labels[key].append(lab[key][rows])
                 actions.append(np.stack([episode[i][1] for i in rows]))
                 d = np.zeros(len(rows), bool)
-                d[-1] = ended and rows[-1] == n - 1
+                d[-1] = ended
                 dones.append(d)
                 episodes.append(np.full(len(rows), ep_index))
                 source.extend([f"{town}/{density}/{driver}"] * len(rows))
@@ -317,8 +319,8 @@ def auroc(scores, positive) -> float:
 
 
 def win_rate(a, b) -> float:
-    """P(a > b) + P(a == b) / 2 over all pairs (paired when ``a`` and ``b`` have one value per row
-    and ``paired``-length; here: all pairs)."""
+    """P(a > b) + P(a == b) / 2 over all pairs of a value of ``a`` and one of ``b`` (NaN when
+    either is empty)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if not len(a) or not len(b):
         return float("nan")
