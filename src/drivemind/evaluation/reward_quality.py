@@ -67,6 +67,7 @@ the model is trained (``learn_rounds`` rounds, numpy's RNG seeded) on the other 
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -351,7 +352,7 @@ def _has_learning(reward) -> bool:
 
 def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_encoder=None):
     """(values for all rows, values of the constructed standstill twins of all rows, each term of
-    ``reward.explain`` for all rows)."""
+    ``reward.explain`` for all rows, the last fold's ``reward.stats()``)."""
     from ..agents.embedding import run_prepare, sample_triples
 
     def fresh():
@@ -364,7 +365,7 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
     rows = np.arange(n)
     folds = [rows] if not _has_learning(reward_factory()) else \
         [rows[data.episode % 2 == 0], rows[data.episode % 2 == 1]]
-    vals, twins, terms = np.full(n, np.nan), np.full(n, np.nan), {}
+    vals, twins, terms, stats = np.full(n, np.nan), np.full(n, np.nan), {}, {}
     for k, score_rows in enumerate(folds):
         r = fresh()
         batch = data.batch()
@@ -383,8 +384,10 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
             terms.setdefault(key, np.full(n, np.nan))[score_rows] = v
         vals[score_rows] = np.sum(np.stack(list(parts.values())), axis=0)
         twins[score_rows] = r(standstill_twin(sub))
+        stats = {k: float(v) for k, v in (r.stats() or {}).items()
+                 if isinstance(v, (int, float, np.number))}
         r.close()
-    return vals, twins, terms
+    return vals, twins, terms, stats
 
 
 def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, seed: int = 0,
@@ -393,13 +396,15 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
     on ``data``; returns ``(measures, per-row values)``."""
     from scipy.stats import spearmanr
 
-    vals, twins, terms = _score(reward_factory, data, learn_rounds, seed, text_encoder)
+    vals, twins, terms, stats = _score(reward_factory, data, learn_rounds, seed, text_encoder)
     lab = data.labels
     ok = np.isfinite(vals)
     danger, safe = lab["collision_1s"] & ok, lab["safe"] & ~lab["collision_1s"] & ok
     sel = danger | safe
     au = auroc(-vals[sel], danger[sel])
-    sp = spearmanr(vals[ok], lab["safety"][ok]).statistic if ok.sum() > 2 else float("nan")
+    with warnings.catch_warnings():  # a constant reward (or label) has no rank correlation: NaN
+        warnings.simplefilter("ignore")
+        sp = spearmanr(vals[ok], lab["safety"][ok]).statistic if ok.sum() > 2 else float("nan")
     cruise = lab["free"] & (lab["speed_band"] == 2) & ok & np.isfinite(twins)
     d, t = vals[cruise], twins[cruise]
     wins = float(np.mean((t > d) + 0.5 * np.isclose(t, d))) if len(d) else float("nan")
@@ -410,6 +415,8 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
            "safe_mean": _mean(vals[safe]), "nonfinite": int((~ok).sum()),
            "n_danger": int(danger.sum()), "n_safe": int(safe.sum()), "n_cruise": int(cruise.sum()),
            "n_standstill": int(still.sum())}
+    if stats:  # the reward's own counters after scoring (e.g. DriveMind's prompts/generated)
+        res["reward_stats"] = stats
     if len(terms) > 1:  # a composite: how each weighted term on its own separates danger from safe
         res["term_auroc"] = {k: auroc(-v[sel], danger[sel]) if np.isfinite(v[sel]).all() else float("nan")
                              for k, v in terms.items()}
