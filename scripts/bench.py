@@ -86,7 +86,7 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      should mean safer), spearman.<reward> (against the ground-truth safety score),
      standstill_wins.<reward> (how often a standstill twin out-scores driving at the target speed in
      free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set) and a PNG of
-     the per-reward distributions (--plot). Town01/03/05 come from $DRIVEMIND_MAP_PATH or --map-path.
+     the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.
      --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
      --pretrained / --weights-path override; needs the vision extra).
 """
@@ -920,7 +920,7 @@ def main(argv=None):
     p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
     p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP trained on 0-201)")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
-    p.add_argument("--map-path", default=None, help="folder with Town01/03/05 .xodr (default: $DRIVEMIND_MAP_PATH)")
+    p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr (default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
     p.add_argument("--rewards", default=None, help="comma-separated rewards (default: every registered one)")
     p.add_argument("--learn-rounds", type=int, default=200,
                    help="world-model rounds for rewards that learn (DriveMind's PCFM), per fold")

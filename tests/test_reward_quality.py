@@ -30,7 +30,8 @@ def _episode(n=30, crash=25, **over):
     infos = []
     for t in range(n):
         i = {"collision": 0.0, "offroad": 0.0, "speed_kmh": 20.0, "lead_speed_kmh": 0.0,
-             "lead_distance": 50.0, "lateral_offset": 0.0, "light_state": -1.0, "light_distance": 50.0}
+             "lead_distance": 50.0, "lateral_offset": 0.0, "light_state": -1.0, "light_distance": 50.0,
+             "red_light_run": 0.0}
         for k, col in over.items():
             if t in col:
                 i[k] = col[t]
@@ -58,11 +59,11 @@ def test_labels_lead_ttc_red_light_offroad_and_speed_bands():
     lab = label_episode(_episode(
         crash=None,
         lead_distance={3: 10.0}, speed_kmh={3: 36.0, 4: 10.0, 5: 0.0, 6: 30.0, 7: 22.5},
-        light_state={8: 2.0, 9: -1.0}, light_distance={8: 1.0},
+        light_state={8: 2.0, 9: -1.0}, light_distance={8: 1.0}, red_light_run={9: 1.0},
         lateral_offset={12: 2.6, 13: -1.2}, offroad={14: 1.0}))
     assert lab["ttc_lead_s"][3] == pytest.approx(1.0)  # 10 m closing at 10 m/s
     assert lab["safety"][3] == pytest.approx(1 / 3) and not lab["safe"][3]
-    assert lab["red_light_run"][9] and lab["red_light_run"].sum() == 1
+    assert lab["red_light_run"][9] and lab["red_light_run"].sum() == 1 and lab["safety"][9] == 0.0
     assert lab["offroad"][12] and lab["offroad"][14] and not lab["offroad"][13]
     assert lab["lane_offset"][13] == pytest.approx(1.2) and not lab["free"][13]
     assert list(lab["speed_band"][[5, 4, 7, 6]]) == [0, 1, 2, 3]

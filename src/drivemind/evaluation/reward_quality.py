@@ -7,7 +7,8 @@ reward's per-step value tells danger from safety on it (``scripts/bench.py rewar
 
 **The set.** The lite simulator drives ``towns`` x ``densities`` x ``drivers`` for ``steps`` env
 steps each, with seeds from ``seed`` (default 10 000: the shipped BEV-CLIP was trained on the
-built-in towns grid/curves/avenue with seeds 0-201, so the CARLA towns Town01/03/05 are unseen
+built-in towns grid/curves/avenue with seeds 0-201, so the CARLA towns Town01/03/05 (shipped
+with the package) are unseen
 and the built-in town's seeds are disjoint). Drivers: ``expert`` (the built-in autopilot),
 ``perturbed`` (the expert with the frame collectors' perturbation episodes,
 ``sim.autopilot.perturb_expert``: drift, rush, brake; the crash-prone rush episodes oversampled,
@@ -28,8 +29,8 @@ observation the step led to (``embedding``, what the agents store) and of the on
   (``lead_distance`` / closing speed; inf when not closing);
 - ``offroad``: a contact with the static world (the env's ``offroad`` fact) or |lateral offset| >=
   ``OFF_LANE_M`` (2.5 m, the lane left; the env ends the episode at 3 m);
-- ``red_light_run``: the stop line of a red light less than 3 m ahead at the previous step was
-  passed at this step while moving;
+- ``red_light_run``: the env's fact of that name (the ego's front bumper crossed the stop line of
+  a red light on its route at this step);
 - ``speed_band``: 0 stopped (< 1 km/h), 1 below (< 0.75 x ``TARGET_KMH``), 2 at target
   (<= 1.25 x), 3 above; ``TARGET_KMH`` = 22.5 km/h (VLM-RL's and HVFR's target speed);
 - ``lane_offset``: |lateral offset| in metres;
@@ -150,7 +151,7 @@ def label_episode(infos, dt: float = 0.1, horizon_s: float = 1.0) -> dict:
     n = len(infos)
     f = {k: np.array([float(i.get(k, 0.0)) for i in infos]) for k in
          ("collision", "offroad", "speed_kmh", "lead_speed_kmh", "lead_distance", "lateral_offset",
-          "light_state", "light_distance")}
+          "light_state", "light_distance", "red_light_run")}
     hit = np.flatnonzero(f["collision"] > 0)
     t = np.arange(n)
     ttc = np.full(n, np.inf)
@@ -163,11 +164,8 @@ def label_episode(infos, dt: float = 0.1, horizon_s: float = 1.0) -> dict:
         ttc_lead = np.where(closing > 0.1, f["lead_distance"] / np.maximum(closing, 0.1), np.inf)
     lane = np.abs(f["lateral_offset"])
     offroad = (f["offroad"] > 0) | (lane >= OFF_LANE_M)
-    red = int(LightState.RED)
-    ls, ld = f["light_state"], f["light_distance"]
-    run = np.zeros(n, bool)
-    run[1:] = ((ls[:-1] == red) & (ld[:-1] < 3.0) & (f["speed_kmh"][:-1] > STOPPED_KMH)
-               & ((ls[1:] != red) | (ld[1:] > ld[:-1] + 0.5)))
+    run = f["red_light_run"] > 0
+    red, ls, ld = int(LightState.RED), f["light_state"], f["light_distance"]
     v = f["speed_kmh"]
     band = np.where(v < STOPPED_KMH, 0, np.where(v < 0.75 * TARGET_KMH, 1,
                                                  np.where(v <= 1.25 * TARGET_KMH, 2, 3)))
