@@ -121,7 +121,9 @@ def test_scores_on_the_tiny_set(tiny):
     assert -1.0 <= res["spearman"] <= 1.0 and set(res["term_auroc"]) == {"collision", "speed", "lane", "steer"}
     # standing still earns no progress: the task reward's twin never beats driving
     b = data.batch()
-    assert (make_reward("task")(standstill_twin(b)) <= make_reward("task")(b) + 1e-12).all()
+    for name in ("task", "carl"):  # progress, and CaRL's route completion
+        assert (make_reward(name)(standstill_twin(b)) <= make_reward(name)(b) + 1e-12).all(), name
+    assert (standstill_twin(b)["route_completion"] == 0).all() and (b["route_completion"] > 0).any()
     # DriveMind: prompt ids from prepare, the world model trained on the other fold
     res, vals = evaluate_reward(lambda: make_reward("drivemind", asynchronous=False), data,
                                 learn_rounds=2)

@@ -49,8 +49,8 @@ observation the step led to (``embedding``, what the agents store) and of the on
   no signal, < 0.5 = the reward prefers danger. Ties count half (Mann-Whitney).
 - ``spearman``: Spearman rank correlation between the reward and ``safety`` over all rows.
 - ``standstill_wins``: over free-traffic rows driven at the target speed (``speed_band`` 2), the
-  share where a constructed standstill twin (the same frame and embedding, speed 0, no progress,
-  controls at rest, full brake) scores higher than the observed frame (ties count half): how
+  share where a constructed standstill twin (the same frame and embedding, speed 0, no progress
+  or route completion, controls at rest, full brake) scores higher than the observed frame (ties count half): how
   often the reward pays for not driving. ``standstill_wins_observed``: the same against observed
   standstill frames in free traffic (all pairs), when the set has both.
 - ``term_auroc`` (composites): the same AUROC for each weighted term of ``reward.explain`` on its
@@ -326,16 +326,16 @@ def win_rate(a, b) -> float:
     return auroc(np.concatenate([a, b]), np.r_[np.ones(len(a), bool), np.zeros(len(b), bool)])
 
 
-STANDSTILL = {"speed_kmh": 0.0, "progress": 0.0, "throttle": 0.0, "brake": 1.0, "accel": 0.0,
-              "jerk": 0.0, "lateral_accel": 0.0, "yaw_rate": 0.0, "steer": 0.0,
-              "lead_speed_kmh": None}  # None: unchanged
+STANDSTILL = {"speed_kmh": 0.0, "progress": 0.0, "route_completion": 0.0, "throttle": 0.0,
+              "brake": 1.0, "accel": 0.0, "jerk": 0.0, "lateral_accel": 0.0, "yaw_rate": 0.0,
+              "steer": 0.0}
 
 
 def standstill_twin(batch: dict) -> dict:
     """The batch with every row made a standstill (module docstring); embeddings unchanged."""
     out = {k: np.array(v, copy=True) for k, v in batch.items()}
     for k, v in STANDSTILL.items():
-        if v is not None and k in out:
+        if k in out:
             out[k][:] = v
     if "action" in out:
         out["action"][:] = (0.0, -1.0)
