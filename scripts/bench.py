@@ -689,9 +689,10 @@ def bench_side_by_side(args) -> dict:
             **machine()}
 
 
-def _reward_factory(name: str, encoder_kind: str):
+def _reward_factory(name: str, overrides: dict | None = None):
     """A builder of fresh ``name`` rewards with configs/reward/<name>.yaml's params (the ones
-    training uses); DriveMind's prompt generator inline (deterministic prompt ids)."""
+    training uses) updated by ``overrides``; DriveMind's prompt generator inline (deterministic
+    prompt ids)."""
     from omegaconf import OmegaConf
 
     from drivemind.rewards import make_reward, reward_params
@@ -700,9 +701,27 @@ def _reward_factory(name: str, encoder_kind: str):
     params = {}
     if path.exists():
         params = dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True).get("params") or {})
+    params.update(overrides or {})
     if "asynchronous" in reward_params(name):
         params["asynchronous"] = False
+    make_reward(name, **params)  # an unknown parameter fails here, naming the valid ones
     return lambda: make_reward(name, **params)
+
+
+def _param_overrides(items, names) -> dict:
+    """``--set reward.key=value`` (value parsed as YAML) -> {reward: {key: value}}."""
+    import yaml
+
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        reward, dot, param = key.partition(".")
+        if not sep or not dot or not param:
+            raise SystemExit(f"--set wants reward.param=value (e.g. vlm_rl.theta_min=-0.03), got {item!r}")
+        if reward not in names:
+            raise SystemExit(f"--set {item!r}: {reward!r} is not among the rewards measured ({', '.join(names)})")
+        out.setdefault(reward, {})[param] = yaml.safe_load(value)
+    return out
 
 
 def bench_reward_quality(args) -> dict:
@@ -721,6 +740,11 @@ def bench_reward_quality(args) -> dict:
     bad = [n for n in names if n not in REWARDS]
     if bad:
         raise SystemExit(f"unknown reward(s) {bad}; valid: {', '.join(REWARDS)}")
+    overrides = _param_overrides(args.set, names)
+    try:
+        factories = {n: _reward_factory(n, overrides.get(n)) for n in names}
+    except TypeError as e:
+        raise SystemExit(f"reward-quality --set: {e}") from None
     try:
         cfg = HeldoutConfig(towns=split(args.towns), densities=split(args.densities),
                             drivers=split(args.drivers), steps=args.steps, every=args.every,
@@ -771,7 +795,7 @@ def bench_reward_quality(args) -> dict:
     per, plot_vals = {}, {}
     for name in names:
         t1 = time.perf_counter()
-        res, vals = evaluate_reward(_reward_factory(name, args.vlm), data,
+        res, vals = evaluate_reward(factories[name], data,
                                     learn_rounds=args.learn_rounds, seed=args.seed, text_encoder=text)
         res["seconds"] = round(time.perf_counter() - t1, 1)
         per[name] = res
@@ -924,6 +948,8 @@ def main(argv=None):
     p.add_argument("--rewards", default=None, help="comma-separated rewards (default: every registered one)")
     p.add_argument("--learn-rounds", type=int, default=200,
                    help="world-model rounds for rewards that learn (DriveMind's PCFM), per fold")
+    p.add_argument("--set", action="append", default=[], metavar="REWARD.PARAM=VALUE",
+                   help="override a reward's config param (repeatable), e.g. vlm_rl.theta_min=-0.03")
     p.add_argument("--vlm", default="bev_clip", choices=("bev_clip", "openclip"))
     p.add_argument("--model", default=None, help="--vlm openclip: open_clip model name (e.g. ViT-B-32)")
     p.add_argument("--pretrained", default=None, help="--vlm openclip: tag or local checkpoint file")

@@ -137,3 +137,15 @@ def test_openclip_without_the_vision_extra_fails_clearly():
     with pytest.raises(SystemExit, match="vision extra"):
         bench.main(["reward-quality", "--vlm", "openclip", "--model", "ViT-B-32", "--pretrained",
                     "/nonexistent/open_clip_model.safetensors", "--towns", "grid", "--steps", "2"])
+
+
+def test_bench_param_overrides_reach_the_reward():
+    bench = load_script("bench")
+    with pytest.raises(SystemExit, match="theta_min"):  # an unknown param names the valid ones
+        bench.main(["reward-quality", "--rewards", "vlm_rl", "--set", "vlm_rl.theta=1", "--steps", "2"])
+    # rho=0 leaves VLM-RL's task part only: it must score exactly as the task reward does
+    out = bench.main(["reward-quality", "--towns", "grid", "--densities", "dense", "--drivers", "expert",
+                      "--steps", "40", "--rewards", "task,vlm_rl", "--set", "vlm_rl.rho=0", "--plot", ""])
+    t, v = out["per_reward"]["task"], out["per_reward"]["vlm_rl"]
+    assert out["rows"] > 5 and t["safe_mean"] == pytest.approx(v["safe_mean"])
+    assert out["spearman.task"] == out["spearman.vlm_rl"]
