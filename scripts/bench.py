@@ -719,7 +719,8 @@ def _param_overrides(items, names) -> dict:
         if not sep or not dot or not param:
             raise SystemExit(f"--set wants reward.param=value (e.g. vlm_rl.theta_min=-0.03), got {item!r}")
         if reward not in names:
-            raise SystemExit(f"--set {item!r}: {reward!r} is not among the rewards measured ({', '.join(names)})")
+            raise SystemExit(f"--set {item!r}: {reward!r} is not among the rewards measured "
+                             f"({', '.join(names)})")
         out.setdefault(reward, {})[param] = yaml.safe_load(value)
     return out
 
@@ -944,7 +945,8 @@ def main(argv=None):
     p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
     p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP trained on 0-201)")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
-    p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr (default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
+    p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
+                                                    "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
     p.add_argument("--rewards", default=None, help="comma-separated rewards (default: every registered one)")
     p.add_argument("--learn-rounds", type=int, default=200,
                    help="world-model rounds for rewards that learn (DriveMind's PCFM), per fold")

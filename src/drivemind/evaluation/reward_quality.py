@@ -15,8 +15,8 @@ and the built-in town's seeds are disjoint). Drivers: ``expert`` (the built-in a
 ``PERTURBED_MIX``) and ``random`` (uniform random actions,
 each held for 5 steps). Every ``every``-th step is kept, and so is every step of the
 ``keep_s`` seconds before a collision and every near miss (lead time-to-collision below
-``NEAR_MISS_S``): positives are oversampled. An episode's last step is always kept. The last ``horizon_s`` of an episode cut off by
-the step budget are dropped (whether they end in a crash is unknown). Rows are in time order per
+``NEAR_MISS_S``): positives are oversampled. An episode's last step is always kept. The last
+``horizon_s`` of an episode cut off by the step budget are dropped (whether they end in a crash is unknown). Rows are in time order per
 episode; each carries the step's facts, the action taken, ``done``, the image embedding of the
 observation the step led to (``embedding``, what the agents store) and of the one it was taken in
 (``obs_embedding``), and the ground-truth caption (``drivemind.vlm.caption``).
@@ -50,8 +50,8 @@ observation the step led to (``embedding``, what the agents store) and of the on
 - ``spearman``: Spearman rank correlation between the reward and ``safety`` over all rows.
 - ``standstill_wins``: over free-traffic rows driven at the target speed (``speed_band`` 2), the
   share where a constructed standstill twin (the same frame and embedding, speed 0, no progress
-  or route completion, controls at rest, full brake) scores higher than the observed frame (ties count half): how
-  often the reward pays for not driving. ``standstill_wins_observed``: the same against observed
+  or route completion, controls at rest, full brake) scores higher than the observed frame (ties
+  count half): how often the reward pays for not driving. ``standstill_wins_observed``: the same against observed
   standstill frames in free traffic (all pairs), when the set has both.
 - ``term_auroc`` (composites): the same AUROC for each weighted term of ``reward.explain`` on its
   own (e.g. ``task.progress`` against the semantic term), to see which part carries or spoils
@@ -454,7 +454,8 @@ def plot_distributions(values: dict, data: HeldoutSet, path) -> str:
         lo, hi = (np.nanmin(v[fin]), np.nanmax(v[fin])) if fin.any() else (0.0, 1.0)
         bins = np.linspace(lo, hi if hi > lo else lo + 1e-6, 31)
         ax.hist(v[safe & fin], bins, density=True, alpha=0.55, label=f"safe ({int((safe & fin).sum())})")
-        ax.hist(v[danger & fin], bins, density=True, alpha=0.55, label=f"danger ({int((danger & fin).sum())})")
+        ax.hist(v[danger & fin], bins, density=True, alpha=0.55,
+                label=f"danger ({int((danger & fin).sum())})")
         ax.set_title(f"{name}  AUROC {au:.2f}", fontsize=9)
         ax.tick_params(labelsize=7)
         ax.legend(fontsize=6)
