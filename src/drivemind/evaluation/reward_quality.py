@@ -3,22 +3,21 @@ reward's per-step value tells danger from safety on it (``scripts/bench.py rewar
 
     from drivemind.evaluation.reward_quality import HeldoutConfig, collect, evaluate_reward
     data = collect(HeldoutConfig(steps=200), embed=BevClip.load(bev_shape=(15, 96, 96)).embed)
-    res, values = evaluate_reward(make_reward("chen"), data)   # auroc, spearman, standstill_wins
+    res, values = evaluate_reward(lambda: make_reward("chen"), data)  # auroc, spearman, ...
 
 **The set.** The lite simulator drives ``towns`` x ``densities`` x ``drivers`` for ``steps`` env
 steps each, with seeds from ``seed`` (default 10 000: the shipped BEV-CLIP was trained on the
-built-in towns grid/curves/avenue with seeds 0-201, so the CARLA towns Town01/03/05 (shipped
-with the package) are unseen
-and the built-in town's seeds are disjoint). Drivers: ``expert`` (the built-in autopilot),
-``perturbed`` (the expert with the frame collectors' perturbation episodes,
+built-in towns grid/curves/avenue with seeds 0-201, so the CARLA towns Town01/03/05 (shipped with
+the package) are unseen and the built-in town's seeds are disjoint). Drivers: ``expert`` (the
+built-in autopilot), ``perturbed`` (the expert with the frame collectors' perturbation episodes,
 ``sim.autopilot.perturb_expert``: drift, rush, brake; the crash-prone rush episodes oversampled,
-``PERTURBED_MIX``) and ``random`` (uniform random actions,
-each held for 5 steps). Every ``every``-th step is kept, and so is every step of the
-``keep_s`` seconds before a collision and every near miss (lead time-to-collision below
-``NEAR_MISS_S``): positives are oversampled. An episode's last step is always kept. The last
-``horizon_s`` of an episode cut off by the step budget are dropped (whether they end in a crash is unknown). Rows are in time order per
-episode; each carries the step's facts, the action taken, ``done``, the image embedding of the
-observation the step led to (``embedding``, what the agents store) and of the one it was taken in
+``PERTURBED_MIX``) and ``random`` (uniform random actions, each held for 5 steps). Every
+``every``-th step is kept, and so is every step of the ``keep_s`` seconds before a collision and
+every near miss (lead time-to-collision below ``NEAR_MISS_S``): positives are oversampled. An
+episode's last step is always kept. The last ``horizon_s`` of an episode cut off by the step
+budget are dropped (whether they end in a crash is unknown). Rows are in time order per episode;
+each carries the step's facts, the action taken, ``done``, the image embedding of the observation
+the step led to (``embedding``, what the agents store) and of the one it was taken in
 (``obs_embedding``), and the ground-truth caption (``drivemind.vlm.caption``).
 
 **Labels** (:func:`label_episode`, from ground truth per step):
