@@ -88,7 +88,8 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set) and a PNG of
      the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.
      --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
-     --pretrained / --weights-path override; needs the vision extra).
+     --pretrained / --weights-path override; needs the vision extra). Rewards take
+     configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 """
 
 from __future__ import annotations
