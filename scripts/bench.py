@@ -75,6 +75,21 @@ learn: learning speed. Trains with the fast settings (experiment=fast: frozen BE
 side-by-side: the fast path's training env steps/s alone on one core, then two runs at once (one
      per core), then one run with n_envs=2 (subprocess envs): the slowdown of two runs side by side
      against what the cores explain (1.0 = none).
+
+    python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
+
+reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
+     held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
+     and the built-in grid town on seeds 10000+, none of which the shipped BEV-CLIP was trained on;
+     expert, perturbed-expert and random drivers; crashes and near misses oversampled). Reports
+     auroc.<reward> (AUROC of -reward for "collision within 1 s" against safe frames: higher reward
+     should mean safer), spearman.<reward> (against the ground-truth safety score),
+     standstill_wins.<reward> (how often a standstill twin out-scores driving at the target speed in
+     free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set) and a PNG of
+     the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.
+     --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
+     --pretrained / --weights-path override; needs the vision extra). Rewards take
+     configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 """
 
 from __future__ import annotations
@@ -680,6 +695,141 @@ def bench_side_by_side(args) -> dict:
             **machine()}
 
 
+def _reward_factory(name: str, overrides: dict | None = None):
+    """A builder of fresh ``name`` rewards with configs/reward/<name>.yaml's params (the ones
+    training uses) updated by ``overrides``; DriveMind's prompt generator inline (deterministic
+    prompt ids)."""
+    from omegaconf import OmegaConf
+
+    from drivemind.rewards import make_reward, reward_params
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "reward" / f"{name}.yaml"
+    params = {}
+    if path.exists():
+        params = dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True).get("params") or {})
+    params.update(overrides or {})
+    if "asynchronous" in reward_params(name):
+        params["asynchronous"] = False
+    make_reward(name, **params)  # an unknown parameter fails here, naming the valid ones
+    return lambda: make_reward(name, **params)
+
+
+def _param_overrides(items, names) -> dict:
+    """``--set reward.key=value`` (value parsed as YAML) -> {reward: {key: value}}."""
+    import yaml
+
+    out = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        reward, dot, param = key.partition(".")
+        if not sep or not dot or not param:
+            raise SystemExit(f"--set wants reward.param=value (e.g. vlm_rl.theta_min=-0.03), got {item!r}")
+        if reward not in names:
+            raise SystemExit(f"--set {item!r}: {reward!r} is not among the rewards measured "
+                             f"({', '.join(names)})")
+        out.setdefault(reward, {})[param] = yaml.safe_load(value)
+    return out
+
+
+def bench_reward_quality(args) -> dict:
+    import numpy as np
+    import torch
+    from tqdm.auto import tqdm
+
+    from drivemind.evaluation.reward_quality import (HeldoutConfig, collect, evaluate_reward,
+                                                     plot_distributions, retrieval_top1)
+    from drivemind.rewards import REWARDS
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    split = (lambda s: tuple(x.strip() for x in s.split(",") if x.strip()))
+    names = split(args.rewards) if args.rewards else tuple(REWARDS)
+    bad = [n for n in names if n not in REWARDS]
+    if bad:
+        raise SystemExit(f"unknown reward(s) {bad}; valid: {', '.join(REWARDS)}")
+    overrides = _param_overrides(args.set, names)
+    try:
+        factories = {n: _reward_factory(n, overrides.get(n)) for n in names}
+    except TypeError as e:
+        raise SystemExit(f"reward-quality --set: {e}") from None
+    try:
+        cfg = HeldoutConfig(towns=split(args.towns), densities=split(args.densities),
+                            drivers=split(args.drivers), steps=args.steps, every=args.every,
+                            seed=args.seed, bev=args.bev, map_path=args.map_path)
+    except ValueError as e:
+        raise SystemExit(f"reward-quality: {e}") from None
+    t0 = time.perf_counter()
+    if args.vlm == "openclip":
+        from omegaconf import OmegaConf
+
+        from drivemind.vlm.openclip import OpenClipEncoder
+
+        conf = Path(__file__).resolve().parents[1] / "configs" / "vlm" / "openclip.yaml"
+        enc_cfg = dict(OmegaConf.to_container(OmegaConf.load(conf), resolve=True)["encoder"])
+        for k, v in (("model_name", args.model), ("pretrained", args.pretrained),
+                     ("weights_path", args.weights_path)):
+            if v is not None:
+                enc_cfg[k] = None if v in ("none", "random", "") and k == "pretrained" else v
+        enc_cfg["bev"] = args.bev
+        try:
+            enc = OpenClipEncoder.from_config(enc_cfg)
+        except ImportError as e:
+            raise SystemExit(f"reward-quality --vlm openclip: {e}") from None
+        embed, text, encoder_name = enc.embed, enc, f"openclip:{enc.name}"
+    else:
+        from drivemind.bev import BEV_PRESETS
+        from drivemind.vlm.bev_clip import BevClip
+        from drivemind.vlm.text import MiniLMTextEncoder
+
+        shape = tuple(BEV_PRESETS[args.bev].shape) if args.bev in BEV_PRESETS else None
+        if shape is None:
+            raise SystemExit(f"--bev must be one of {', '.join(BEV_PRESETS)}, got {args.bev!r}")
+        model = BevClip.load(bev_shape=shape)
+        embed, text, encoder_name = model.embed, None, "bev_clip+minilm"
+    total = len(cfg.towns) * len(cfg.densities) * len(cfg.drivers) * cfg.steps
+    with tqdm(total=total, desc="held-out set", unit="step", disable=not args.progress) as bar:
+        data = collect(cfg, embed=embed, progress=bar)
+    t_collect = time.perf_counter() - t0
+    lab = data.labels
+    out = {"encoder": encoder_name, "rows": len(data), "danger_rows": int(lab["collision_1s"].sum()),
+           "safe_rows": int((lab["safe"] & ~lab["collision_1s"]).sum()),
+           "near_miss_rows": int(((lab["ttc_lead_s"] <= 3) & ~lab["collision_1s"]).sum()),
+           "red_light_rows": int(lab["red_light_run"].sum()), "offroad_rows": int(lab["offroad"].sum()),
+           "set": data.meta, "collect_s": round(t_collect, 1)}
+    ret = retrieval_top1(data, text if text is not None else MiniLMTextEncoder())
+    out["retrieval_top1"] = ret["accuracy"]
+    out["retrieval"] = ret
+    per, plot_vals = {}, {}
+    for name in names:
+        t1 = time.perf_counter()
+        res, vals = evaluate_reward(factories[name], data,
+                                    learn_rounds=args.learn_rounds, seed=args.seed, text_encoder=text)
+        res["seconds"] = round(time.perf_counter() - t1, 1)
+        per[name] = res
+        plot_vals[name] = (vals, res["auroc"])
+        for k in ("auroc", "spearman", "standstill_wins"):
+            out[f"{k}.{name}"] = None if not np.isfinite(res[k]) else round(float(res[k]), 4)
+    out["per_reward"] = per
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        out["plot"] = plot_distributions(plot_vals, data, args.plot)
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out.update(machine())
+    return _finite_json(out)
+
+
+def _finite_json(x):
+    """NaN / inf -> None, recursively (strict JSON)."""
+    import math
+    if isinstance(x, dict):
+        return {k: _finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_json(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
 def _script_main(name: str, argv: list[str]) -> dict:
     import importlib.util
 
@@ -792,6 +942,29 @@ def main(argv=None):
     p.add_argument("--reward", default="drivemind_kinematic")
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")
+    p = sub.add_parser("reward-quality", help="every reward as a safety signal on a labelled held-out "
+                                              "set: AUROC, Spearman, standstill wins, BEV-CLIP retrieval")
+    p.add_argument("--towns", default="Town01,Town03,Town05,grid", help="comma-separated held-out towns")
+    p.add_argument("--densities", default="regular,dense,drivevlm")
+    p.add_argument("--drivers", default="expert,perturbed,random")
+    p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
+    p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
+    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP trained on 0-201)")
+    p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
+    p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
+                                                    "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
+    p.add_argument("--rewards", default=None, help="comma-separated rewards (default: every registered one)")
+    p.add_argument("--learn-rounds", type=int, default=200,
+                   help="world-model rounds for rewards that learn (DriveMind's PCFM), per fold")
+    p.add_argument("--set", action="append", default=[], metavar="REWARD.PARAM=VALUE",
+                   help="override a reward's config param (repeatable), e.g. vlm_rl.theta_min=-0.03")
+    p.add_argument("--vlm", default="bev_clip", choices=("bev_clip", "openclip"))
+    p.add_argument("--model", default=None, help="--vlm openclip: open_clip model name (e.g. ViT-B-32)")
+    p.add_argument("--pretrained", default=None, help="--vlm openclip: tag or local checkpoint file")
+    p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder")
+    p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
     sub.add_parser("reward-dist", help="reward distribution W1/KS between two towns "
                                        "(scripts/reward_distribution.py; its options follow)")
     sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "
@@ -800,7 +973,8 @@ def main(argv=None):
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
               "train": bench_train, "reward": bench_reward, "learn": bench_learn,
               "side-by-side": bench_side_by_side,
-              "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive}[args.what](args)
+              "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive,
+              "reward-quality": bench_reward_quality}[args.what](args)
     print(json.dumps(result))
     return result
 

@@ -137,7 +137,7 @@ def main(argv=None):
     import torch
 
     from bench import machine
-    from drivemind.agents.reward_service import RewardService, bev_clip_embedder
+    from drivemind.reward_service import RewardService, bev_clip_embedder
     from drivemind.vlm.bev_clip import BevClip
 
     torch.set_num_threads(args.threads)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from drivemind.agents.reward_service import (RewardService, RewardServiceDead, RewardServiceError,
+from drivemind.reward_service import (RewardService, RewardServiceDead, RewardServiceError,
                                              RewardWorkerError, bev_clip_embedder)
 
 ECHO, FAIL, SLOW, SHORT = 0, 1, 2, 3
@@ -278,7 +278,7 @@ def test_killed_worker_is_detected_and_close_leaves_no_child():
 
 EXIT_SCRIPT = """
 import functools, sys
-from drivemind.agents.reward_service import RewardService
+from drivemind.reward_service import RewardService
 if __name__ == "__main__":
     svc = RewardService(functools.partial(functools.partial, list), max_wait_ms=1.0)  # echo
     svc.submit([1, 2], [10, 20])

@@ -105,7 +105,7 @@ class RelabelReplayBuffer(ReplayBuffer):
             raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         if fact_keys is None:
-            from ..envs import FACT_KEYS
+            from ..facts import FACT_KEYS
             fact_keys = FACT_KEYS
         self.buffer_size = max(buffer_size // n_envs, 2)
         self.optimize_memory_usage = False

@@ -57,7 +57,7 @@ from .buffer import LABELLED, PENDING, RelabelReplayBuffer
 from .embedding import (VIEW_KEY, bev_shape, build_image_encoder, can_embed_rgb, check_encoder,
                         needs_embedding, needs_obs_embedding, run_prepare, sample_triples,
                         wants_view_embedding, warn_bev_only)
-from .reward_service import SERVICE_DEFAULTS
+from ..reward_service import SERVICE_DEFAULTS
 
 
 def service_config(cfg) -> dict | None:
@@ -434,7 +434,7 @@ class Labeller:
         """The reward service (a separate process embedding BEV frames in micro-batches; started
         on first use when ``reward_service`` is set). docs/reward_service.md."""
         if self._service is None:
-            from .reward_service import RewardService, bev_clip_embedder
+            from ..reward_service import RewardService, bev_clip_embedder
 
             c = self.reward_service
             self._service = RewardService(
@@ -455,7 +455,7 @@ class Labeller:
         flat = buf.embeddings.reshape(-1, d)
         oflat = buf.obs_embeddings.reshape(-1, d) if buf.obs_embeddings is not None else None
         horizon = buf.buffer_size * buf.n_envs  # a result older than this belongs to an overwritten slot
-        from .reward_service import RewardServiceDead, RewardWorkerError
+        from ..reward_service import RewardServiceDead, RewardWorkerError
         try:
             ids, emb = svc.poll(self._poll_timeout)
         except RewardWorkerError as err:  # that batch only: resubmit its frames next round

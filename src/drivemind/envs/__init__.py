@@ -1,6 +1,7 @@
 """The Gymnasium env (registered as ``DriveMind-v0`` when :mod:`drivemind` is imported)."""
 
-from .driving_env import FACT_KEYS, TERMINATIONS, TRUNCATIONS, DriveEnv, EnvConfig
+from ..facts import FACT_KEYS
+from .driving_env import TERMINATIONS, TRUNCATIONS, DriveEnv, EnvConfig
 
 ENV_ID = "DriveMind-v0"
 

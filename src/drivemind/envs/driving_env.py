@@ -20,8 +20,10 @@ import numpy as np
 from gymnasium import spaces
 
 from ..bev import BevConfig, BevRenderer
+from ..facts import FACT_KEYS  # noqa: F401  (the per-step facts in ``info``; re-exported)
 from ..maps import load_town
 from ..maps.routing import nearest_spawn, random_route
+from ..privileged import CriticalFacts
 from ..sim.config import DENSITIES, SimConfig, check_options, density_config
 from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
 from ..sim.world import LiteWorld
@@ -32,18 +34,6 @@ from .tracker import RouteTracker, corridor_lead, route_commands, route_stops
 BACKENDS = ("lite", "carla")
 MODES = ("train", "eval")
 
-# Per-step facts in ``info`` (all floats): what rewards and metrics are computed from.
-FACT_KEYS = (
-    "speed_kmh", "steer", "throttle", "brake", "accel", "yaw_rate", "lateral_accel", "jerk",
-    "lateral_offset", "heading_error", "lateral_oscillation", "progress", "route_progress",
-    "route_length", "route_remaining", "distance", "routes_completed", "collision",
-    "collision_class", "collision_speed_kmh", "collision_other_speed_kmh", "offroad",
-    "stuck_time", "light_state", "light_distance", "lead_distance", "lead_speed_kmh",
-    "overtakes", "failure", "task_reward", "time", "command", "critical_count", "risk_id",
-    # CaRL's facts (envs/infractions.py)
-    "route_completion", "red_light_run", "outside_lanes", "off_center_time",
-    "comfort_violations", "ttc_violation",
-)
 TERMINATIONS = ("collision", "off_route", "stuck", "red_light", "arrived")
 TRUNCATIONS = ("distance", "max_steps", "server_lost")
 
@@ -417,18 +407,10 @@ class DriveEnv(gym.Env):
         """DriveVLM-RL's dynamic-pathway gate and risk description from ground truth: the
         privileged detector (stand-in for YOLOv8: critical-class actors in a forward cone) and the
         privileged reasoner (stand-in for the LVLM: the canonical risk description, as an index
-        into ``drivemind.vlm.reasoners.RISK_VOCABULARY``)."""
+        into ``drivemind.privileged.RISK_VOCABULARY``); no VLM module is imported."""
         if self._detector is None:
-            from ..vlm.detectors import PrivilegedDetector
-            from ..vlm.reasoners import RISK_VOCABULARY, PrivilegedReasoner
-            self._detector, self._reasoner = PrivilegedDetector(), PrivilegedReasoner()
-            self._risk_index = {t: i for i, t in enumerate(RISK_VOCABULARY)}
-        dets = self._detector.detect(snap)
-        from ..vlm.detectors import gate
-        n = sum(1 for d in dets if d.critical) if gate(dets) else 0
-        risk = self._reasoner.choose(dets) if n else None
-        return {"critical_count": float(n),
-                "risk_id": float(self._risk_index[risk]) if risk is not None else -1.0}
+            self._detector = CriticalFacts()
+        return self._detector(snap)
 
     # ------------------------------------------------------------------ extras
     def render(self):

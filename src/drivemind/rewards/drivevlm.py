@@ -217,7 +217,7 @@ class DriveVLMSynth(VLMRLSynth):
         only."""
         if not self.models_in_prepare:
             return
-        from ..agents.reward_service import SERVICE_DEFAULTS
+        from ..reward_service import SERVICE_DEFAULTS
 
         self.close()
         self._service_cfg = (None if config is None else
@@ -226,7 +226,7 @@ class DriveVLMSynth(VLMRLSynth):
     def service(self):
         """The worker process running :class:`DriveVLMLabeller` (started on first use)."""
         if self._service is None:
-            from ..agents.reward_service import RewardService
+            from ..reward_service import RewardService
             c = self._service_cfg
             self._service = RewardService(self.labeller(c["threads"]), max_batch=c["max_batch"],
                                           max_wait_ms=c["max_wait_ms"], max_pending=c["max_pending"],
@@ -307,7 +307,7 @@ class DriveVLMSynth(VLMRLSynth):
     def _exchange(self, timeout: float | None) -> None:
         """Send what is unsent (no blocking: what does not fit waits), collect answers; with
         ``timeout`` None, until every transition seen has its answer."""
-        from ..agents.reward_service import RewardServiceDead, RewardWorkerError
+        from ..reward_service import RewardServiceDead, RewardWorkerError
 
         limit = self._service_cfg["wait_s"]
         t0 = time.monotonic()

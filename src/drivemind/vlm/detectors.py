@@ -7,7 +7,9 @@ view, the LVLM is asked; otherwise the dynamic reward is 0. Two detectors fill t
 - ``PrivilegedDetector`` (default; a **stand-in for YOLOv8**): ground-truth actors of a
   ``WorldSnapshot`` inside a forward field of view of the ego, mapped to COCO names
   (walker -> person, bicycle -> bicycle, motorcycle -> motorcycle, car -> car). It reads the
-  snapshot, so it works the same whichever view (camera or BEV) the pathway uses.
+  snapshot, so it works the same whichever view (camera or BEV) the pathway uses. It lives in
+  ``drivemind.privileged`` (with ``Detection`` and ``gate``), below the env, which computes its
+  ``critical_count`` fact with it; this module re-exports it.
 - ``YoloDetector``: an ultralytics YOLO model on RGB frames (``yolov8n.pt`` or any local
   checkpoint; a ``.yaml`` builds the architecture with random weights, for tests). Needs the
   ``vision`` extra. Nothing is downloaded: a missing ``.pt`` raises one FileNotFoundError naming
@@ -23,111 +25,20 @@ has one (a ``front_rgb()`` method returning an image), else the BEV colour view 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..sim.snapshot import ActorClass, WorldSnapshot
+from ..privileged import ACTOR_COCO, CRITICAL_CLASSES, Detection, PrivilegedDetector, gate  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-# DriveVLM-RL's critical classes (COCO names)
-CRITICAL_CLASSES = frozenset({"person", "bicycle", "motorcycle", "dog", "horse", "sheep", "cow",
-                              "elephant", "bear", "zebra", "giraffe"})
-# simulator actor class -> COCO name (classes without an entry are never reported)
-ACTOR_COCO = {ActorClass.WALKER: "person", ActorClass.BICYCLE: "bicycle",
-              ActorClass.MOTORCYCLE: "motorcycle", ActorClass.CAR: "car"}
 ENV_WEIGHTS = "DRIVEMIND_YOLO_WEIGHTS"
 WEIGHTS_URL = "https://github.com/ultralytics/assets/releases"
 INSTALL = ('pip install torch==2.14.1 torchvision==0.29.1 -e ".[vision]" (torch and torchvision '
            'pinned in the same command)')
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One detected object. ``box`` is (x1, y1, x2, y2): pixels of the input frame for image
-    detectors (``frame="image"``); for the privileged detector (``frame="ego"``) the actor's
-    box in the ego frame in metres (x forward, y to the right, CARLA's convention)."""
-
-    cls: str  # COCO class name
-    score: float
-    box: tuple[float, float, float, float]
-    frame: str = "image"
-    distance: float | None = None  # m from the ego's centre (privileged only)
-    actor_id: int | None = None  # snapshot actor id (privileged only)
-
-    @property
-    def critical(self) -> bool:
-        return self.cls in CRITICAL_CLASSES
-
-
-def gate(detections, classes=CRITICAL_CLASSES) -> bool:
-    """True when any detection is one of ``classes`` (default: DriveVLM-RL's critical set)."""
-    return any(d.cls in classes for d in detections)
-
-
-# ---------------------------------------------------------------------- privileged stand-in
-class PrivilegedDetector:
-    """Stand-in for YOLOv8 (named so in logs and configs): the snapshot's actors whose box is
-    inside a forward cone of ``fov_deg`` and within ``max_range`` metres of the ego's centre.
-    An actor counts as inside when its angular extent seen from the ego overlaps the cone (a
-    car half in view is seen). No occlusion: actors behind others are still reported."""
-
-    name = "privileged"
-    needs = "snapshot"
-    stand_in_for = "YOLOv8 (ultralytics)"
-
-    def __init__(self, fov_deg: float = 90.0, max_range: float = 50.0):
-        fov, rng = float(fov_deg), float(max_range)
-        if not (0.0 < fov <= 360.0):
-            raise ValueError(f"fov_deg must be in (0, 360], got {fov_deg!r}")
-        if not (math.isfinite(rng) and rng > 0.0):
-            raise ValueError(f"max_range must be a positive number of metres, got {max_range!r}")
-        self.fov_deg, self.max_range = fov, rng
-
-    def detect(self, snapshot: WorldSnapshot) -> list[Detection]:
-        if not isinstance(snapshot, WorldSnapshot):
-            raise TypeError(f"PrivilegedDetector reads a WorldSnapshot, got {type(snapshot).__name__}")
-        a, e = snapshot.actors, snapshot.ego
-        if not len(a):
-            return []
-        c, s = math.cos(e.yaw), math.sin(e.yaw)
-        d = np.asarray(a.pos, float) - (e.x, e.y)
-        fwd = d[:, 0] * c + d[:, 1] * s
-        right = -d[:, 0] * s + d[:, 1] * c
-        dist = np.hypot(fwd, right)
-        radius = np.hypot(a.extent[:, 0], a.extent[:, 1])  # bounding circle of the box
-        bearing = np.abs(np.arctan2(right, fwd))
-        half = np.arcsin(np.clip(radius / np.maximum(dist, 1e-6), 0.0, 1.0))
-        seen = (dist - radius <= self.max_range) & (bearing - half <= math.radians(self.fov_deg) / 2)
-        out = []
-        for i in np.flatnonzero(seen):
-            name = ACTOR_COCO.get(ActorClass(int(a.cls[i])))
-            if name is None:
-                continue
-            # the actor's box corners in the ego frame
-            rel = float(a.yaw[i]) - e.yaw
-            cr, sr = math.cos(rel), math.sin(rel)
-            hl, hw = float(a.extent[i, 0]), float(a.extent[i, 1])
-            cx = np.array([hl, hl, -hl, -hl]) * cr - np.array([hw, -hw, hw, -hw]) * sr + fwd[i]
-            cy = np.array([hl, hl, -hl, -hl]) * sr + np.array([hw, -hw, hw, -hw]) * cr + right[i]
-            out.append(Detection(name, 1.0, (float(cx.min()), float(cy.min()), float(cx.max()),
-                                             float(cy.max())), "ego", float(dist[i]), int(a.id[i])))
-        out.sort(key=lambda det: det.distance)
-        return out
-
-    def detect_batch(self, snapshots) -> list[list[Detection]]:
-        return [self.detect(s) for s in snapshots]
-
-    __call__ = detect
-
-    def __repr__(self) -> str:
-        return (f"PrivilegedDetector(fov_deg={self.fov_deg}, max_range={self.max_range}; "
-                f"stand-in for {self.stand_in_for})")
 
 
 # ---------------------------------------------------------------------- YOLO (ultralytics)

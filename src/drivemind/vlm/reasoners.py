@@ -8,7 +8,8 @@ have ``name``, ``stand_in`` and ``describe(frames, detections) -> str``:
 
 - :class:`PrivilegedReasoner` (default; a **stand-in for Qwen3-VL-4B**): picks the canonical
   description from the detections alone (class, position relative to the ego lane, distance),
-  by fixed rules; it ignores the frames.
+  by fixed rules; it ignores the frames. It lives in ``drivemind.privileged`` (with
+  ``RISK_VOCABULARY``), below the env, which computes its ``risk_id`` fact with it.
 - :class:`QwenVLReasoner`: Qwen2.5-VL (``Qwen/Qwen2.5-VL-3B-Instruct`` or any local
   Qwen2-VL/Qwen2.5-VL checkpoint; the paper used Qwen3-VL-4B, which this class does not load)
   generates a sentence from the frames and a text listing of the detections; the sentence is then
@@ -26,69 +27,24 @@ Detections are any objects with ``cls`` (or ``name``) and ``score`` attributes, 
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 
 import numpy as np
 
+from ..privileged import (ANIMAL, ANIMALS, CLEAR, CYC_AHEAD, CYC_MERGING, MOTO_AHEAD,  # noqa: F401
+                          MOTO_SIDE, PED_CROSSING, PED_GROUP, PED_ROADSIDE, RISK_VOCABULARY, TOO_CLOSE,
+                          VULNERABLE, PrivilegedReasoner, detection_record)
 from .smolvlm import _positive, _torch_dtype, byte_tokenizer, resolve_model_folder, safe_decode, to_rgb
 
 log = logging.getLogger(__name__)
 
-RISK_VOCABULARY = (
-    "a pedestrian is crossing the road ahead",
-    "a pedestrian is walking at the roadside ahead",
-    "a group of pedestrians is near the road ahead",
-    "a cyclist is merging into the ego lane",
-    "a cyclist is riding ahead in the ego lane",
-    "a motorcycle is close ahead in the ego lane",
-    "a motorcycle is approaching from the side",
-    "an animal is on the road ahead",
-    "a road user is dangerously close to the car",
-    "the road ahead is clear of pedestrians and cyclists",
-)
-(PED_CROSSING, PED_ROADSIDE, PED_GROUP, CYC_MERGING, CYC_AHEAD, MOTO_AHEAD, MOTO_SIDE, ANIMAL,
- TOO_CLOSE, CLEAR) = RISK_VOCABULARY
-ANIMALS = frozenset({"dog", "horse", "sheep", "cow", "elephant", "bear", "zebra", "giraffe"})
-VULNERABLE = frozenset({"person", "bicycle", "motorcycle"}) | ANIMALS
 WINDOW = 4  # K + 1 frames, K = 3
 DEFAULT_MODEL_ID = "Qwen/Qwen2.5-VL-3B-Instruct"
 ENV_PATH = "DRIVEMIND_QWENVL_PATH"
 
 
 # ----------------------------------------------------------------------------- detections
-def _get(d, *keys, default=None):
-    for k in keys:
-        if isinstance(d, dict):
-            if k in d:
-                return d[k]
-        elif hasattr(d, k):
-            return getattr(d, k)
-    return default
-
-
-def detection_record(d) -> dict:
-    """A plain record of one detection: cls, score, box, frame, distance."""
-    cls = _get(d, "cls", "name", "class")
-    if not isinstance(cls, str) or not cls:
-        raise ValueError(f"a detection needs a class name ('cls' or 'name'), got {d!r}")
-    score = _get(d, "score", "confidence", default=1.0)
-    try:
-        score = float(score)
-    except (TypeError, ValueError):
-        raise ValueError(f"detection score must be a number, got {score!r} in {d!r}") from None
-    box = _get(d, "box")
-    if box is not None:
-        box = tuple(float(v) for v in box)
-        if len(box) != 4 or not all(math.isfinite(v) for v in box):
-            box = None
-    dist = _get(d, "distance")
-    dist = float(dist) if isinstance(dist, (int, float)) and math.isfinite(dist) else None
-    return {"cls": cls.lower(), "score": score if math.isfinite(score) else 0.0, "box": box,
-            "frame": _get(d, "frame", default="image" if box is not None else None), "distance": dist}
-
-
 def describe_detections(detections, image_shape=None) -> str:
     """A text listing of the detections for the LVLM's prompt."""
     lines = []
@@ -105,87 +61,6 @@ def describe_detections(detections, image_shape=None) -> str:
                   f"latest frame")
         lines.append(s)
     return "\n".join(lines) if lines else "- none"
-
-
-# ----------------------------------------------------------------------------- privileged
-class PrivilegedReasoner:
-    """Stand-in for the LVLM (Qwen3-VL-4B in the paper), named so in configs and logs: the
-    canonical description of the most critical detection, by rule.
-
-    Zones (ego-frame boxes, metres): *in lane* when the box overlaps the corridor |y| <=
-    ``lane_half_width``, *near* when it overlaps |y| <= ``lane_half_width + margin``, else
-    *side*; image-frame boxes use the box centre's horizontal position (middle 30 % in lane,
-    middle 60 % near) and treat a box reaching the bottom 10 % and over half the frame's height
-    as close. A box within ``close_m`` metres in or near the lane gives "a road user is
-    dangerously close to the car". Otherwise the most critical detection (in lane > near > side,
-    then nearest) decides: person -> crossing (in lane) or roadside, three or more persons -> a
-    group; bicycle -> riding ahead (in lane) or merging; motorcycle -> close ahead (in lane) or
-    approaching from the side; an animal -> on the road. Detections below ``min_score`` or not in
-    the vulnerable classes are ignored; none left -> the road is clear."""
-
-    name = "privileged"
-    stand_in = True
-    stand_in_for = "Qwen3-VL-4B (DriveVLM-RL's LVLM)"
-
-    def __init__(self, lane_half_width: float = 1.75, margin: float = 2.0, close_m: float = 5.0,
-                 min_score: float = 0.25):
-        for n, v in (("lane_half_width", lane_half_width), ("margin", margin), ("close_m", close_m)):
-            _positive(n, v)
-        if not (isinstance(min_score, (int, float)) and 0.0 <= min_score <= 1.0):
-            raise ValueError(f"min_score must be in [0, 1], got {min_score!r}")
-        self.lane_half_width, self.margin = float(lane_half_width), float(margin)
-        self.close_m, self.min_score = float(close_m), float(min_score)
-        self.vocabulary = RISK_VOCABULARY
-
-    def _zone(self, r, image_shape):
-        """(zone rank: 0 in lane, 1 near, 2 side; distance or None; close)"""
-        b = r["box"]
-        if b is None:
-            return 0, r["distance"], False  # position unknown: the detector saw it ahead
-        if r["frame"] == "ego":
-            lo, hi = min(b[1], b[3]), max(b[1], b[3])
-            gap = 0.0 if lo <= 0.0 <= hi else min(abs(lo), abs(hi))
-            zone = 0 if gap <= self.lane_half_width else 1 if gap <= self.lane_half_width + self.margin else 2
-            ahead = max(min(b[0], b[2]), 0.0)
-            dist = r["distance"] if r["distance"] is not None else math.hypot(ahead, gap)
-            return zone, dist, zone <= 1 and ahead <= self.close_m
-        if image_shape is None:
-            return 0, None, False
-        h, w = image_shape[:2]
-        off = abs(0.5 * (b[0] + b[2]) / w - 0.5)
-        zone = 0 if off <= 0.15 else 1 if off <= 0.30 else 2
-        close = b[3] / h >= 0.9 and (b[3] - b[1]) / h >= 0.5
-        return zone, None, zone <= 1 and close
-
-    def choose(self, detections, image_shape=None) -> str:
-        recs = [detection_record(d) for d in detections]
-        recs = [r for r in recs if r["score"] >= self.min_score and r["cls"] in VULNERABLE]
-        if not recs:
-            return CLEAR
-        scored = [(r, *self._zone(r, image_shape)) for r in recs]
-        if any(close for *_, close in scored):
-            return TOO_CLOSE
-        r, zone, _, _ = min(scored, key=lambda t: (t[1], t[2] if t[2] is not None else math.inf))
-        c = r["cls"]
-        if c in ANIMALS:
-            return ANIMAL
-        if c == "person":
-            if sum(1 for x in recs if x["cls"] == "person") >= 3:
-                return PED_GROUP
-            return PED_CROSSING if zone == 0 else PED_ROADSIDE
-        if c == "bicycle":
-            return CYC_AHEAD if zone == 0 else CYC_MERGING
-        return MOTO_AHEAD if zone == 0 else MOTO_SIDE
-
-    def describe(self, frames, detections) -> str:
-        shape = None
-        if frames is not None and len(frames):
-            last = np.asarray(frames[-1])
-            shape = last.shape if last.ndim == 3 and last.shape[-1] == 3 else None
-        return self.choose(detections, shape)
-
-    def __repr__(self) -> str:
-        return f"PrivilegedReasoner(stand-in for {self.stand_in_for})"
 
 
 # ----------------------------------------------------------------------------- Qwen2.5-VL

@@ -520,7 +520,7 @@ def bench(size: str = "tiny", new_tokens: int = 16, steps: int = 3, seed: int = 
 
     import torch
 
-    from ..envs import FACT_KEYS
+    from ..facts import FACT_KEYS
     from .prompts import PrivilegedTeacher
 
     gen = SmolVLMGenerator.tiny(seed=seed, size=size, max_new_tokens=new_tokens)

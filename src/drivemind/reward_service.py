@@ -753,7 +753,7 @@ class BevClipEmbedder:
     def __call__(self):
         import torch
 
-        from ..vlm.bev_clip import BevClip
+        from .vlm.bev_clip import BevClip
 
         torch.set_num_threads(self.threads)
         model = BevClip.load(self.weights, bev_shape=self.bev_shape)
@@ -780,7 +780,7 @@ def bev_clip_embedder(bev_shape, weights=None, threads: int = 1,
         raise ValueError(f"dtype must be float32 or float16, got {dtype!r}")
     if int(threads) < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    from ..vlm.bev_clip import find_weights
+    from .vlm.bev_clip import find_weights
 
     return BevClipEmbedder(shape, str(find_weights(weights).resolve()), int(threads),
                            np.dtype(dtype).name)

@@ -1,0 +1,151 @@
+"""The reward-quality benchmark's parts: AUROC against known cases, ground-truth labels on
+constructed episodes (collisions, red-light runs, lead TTC), a tiny simulator set (deterministic,
+labels consistent with the facts) and the scores of kinematic and learning rewards on it."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+from drivemind.evaluation.reward_quality import (HeldoutConfig, auroc, collect, evaluate_reward,
+                                                 label_episode, standstill_twin, win_rate)
+from drivemind.rewards import make_reward
+from script_loader import load_script
+
+
+def test_auroc_known_cases():
+    # sklearn's documented example: roc_auc_score([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75
+    assert auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == pytest.approx(0.75)
+    assert auroc([3, 4, 1, 2], [1, 1, 0, 0]) == 1.0
+    assert auroc([1, 2, 3, 4], [1, 1, 0, 0]) == 0.0
+    assert auroc([1, 1, 1, 1], [1, 0, 1, 0]) == 0.5  # ties count half
+    assert math.isnan(auroc([1, 2], [1, 1]))
+    assert win_rate([2.0, 2.0], [1.0, 2.0]) == pytest.approx(0.75)
+
+
+def _episode(n=30, crash=25, **over):
+    infos = []
+    for t in range(n):
+        i = {"collision": 0.0, "offroad": 0.0, "speed_kmh": 20.0, "lead_speed_kmh": 0.0,
+             "lead_distance": 50.0, "lateral_offset": 0.0, "light_state": -1.0, "light_distance": 50.0,
+             "red_light_run": 0.0}
+        for k, col in over.items():
+            if t in col:
+                i[k] = col[t]
+        infos.append(i)
+    if crash is not None:
+        infos[crash]["collision"] = 1.0
+    return infos
+
+
+def test_labels_on_a_constructed_collision():
+    lab = label_episode(_episode(n=60, crash=55), dt=0.1, horizon_s=1.0)
+    c1 = lab["collision_1s"]
+    assert not c1[:45].any() and c1[45:56].all()  # steps 45..55 are within 1 s of the crash at 55
+    assert lab["time_to_collision_s"][50] == pytest.approx(0.5)
+    assert lab["time_to_collision_s"][55] == 0.0 and np.isinf(lab["time_to_collision_s"][56:]).all()
+    assert lab["safety"][55] == 0.0 and lab["safety"][50] == pytest.approx(0.5 / 3)
+    safe = lab["safe"]
+    assert safe[:25].all() and not safe[25:56].any()  # within 3 s of the crash: not safe
+    lab = label_episode(_episode(crash=None))
+    assert not lab["collision_1s"].any() and np.isinf(lab["time_to_collision_s"]).all()
+    assert (lab["safety"] == 1.0).all() and lab["free"].all()
+
+
+def test_labels_lead_ttc_red_light_offroad_and_speed_bands():
+    lab = label_episode(_episode(
+        crash=None,
+        lead_distance={3: 10.0}, speed_kmh={3: 36.0, 4: 10.0, 5: 0.0, 6: 30.0, 7: 22.5},
+        light_state={8: 2.0, 9: -1.0}, light_distance={8: 1.0}, red_light_run={9: 1.0},
+        lateral_offset={12: 2.6, 13: -1.2}, offroad={14: 1.0}))
+    assert lab["ttc_lead_s"][3] == pytest.approx(1.0)  # 10 m closing at 10 m/s
+    assert lab["safety"][3] == pytest.approx(1 / 3) and not lab["safe"][3]
+    assert lab["red_light_run"][9] and lab["red_light_run"].sum() == 1 and lab["safety"][9] == 0.0
+    assert lab["offroad"][12] and lab["offroad"][14] and not lab["offroad"][13]
+    assert lab["lane_offset"][13] == pytest.approx(1.2) and not lab["free"][13]
+    assert list(lab["speed_band"][[5, 4, 7, 6]]) == [0, 1, 2, 3]
+
+
+def _hash_embed(bev):
+    """A fixed random projection of the BEV (384-d unit rows): deterministic, fast."""
+    x = np.asarray(bev, np.float32).reshape(len(bev), -1)[:, ::97] / 255.0
+    w = np.random.default_rng(0).normal(size=(x.shape[1], 384)).astype(np.float32)
+    v = x @ w + 1e-3
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    # seed 1: one of its episodes ends in a crash (the labels below are checked on it)
+    cfg = HeldoutConfig(towns=("grid",), densities=("drivevlm",), drivers=("perturbed", "random"),
+                        steps=150, every=3, seed=1)
+    return cfg, collect(cfg, embed=_hash_embed)
+
+
+def test_tiny_set_is_deterministic_and_labelled_from_its_facts(tiny):
+    cfg, data = tiny
+    again = collect(cfg, embed=_hash_embed)
+    assert len(data) == len(again) > 20
+    assert np.array_equal(data.facts["speed_kmh"], again.facts["speed_kmh"])
+    assert np.allclose(data.embedding, again.embedding)
+    hit = data.facts["collision"] > 0
+    assert data.meta["collisions"] == hit.sum() == 1 and data.done[hit].all()
+    # the crash's last second is kept in full (oversampled) and labelled danger, in time order
+    assert data.labels["collision_1s"].sum() == 11
+    ttc = data.labels["time_to_collision_s"][data.labels["collision_1s"]]
+    assert np.allclose(ttc, np.arange(1.0, -0.05, -0.1))
+    assert data.labels["collision_1s"][hit].all()
+    for e in np.unique(data.episode):  # rows per episode in time order, ``done`` only on the last
+        rows = np.flatnonzero(data.episode == e)
+        assert np.all(np.diff(rows) == 1) and not data.done[rows[:-1]].any()
+        assert np.all(np.diff(data.facts["time"][rows]) > 0) and (data.labels["time_to_collision_s"][hit] == 0).all()
+    assert data.embedding.shape == data.obs_embedding.shape == (len(data), 384)
+    assert set(data.source) == {"grid/drivevlm/perturbed", "grid/drivevlm/random"}
+    with pytest.raises(ValueError, match="valid: expert, perturbed, random"):
+        HeldoutConfig(drivers=("drunk",))
+
+
+def test_scores_on_the_tiny_set(tiny):
+    _, data = tiny
+    res, vals = evaluate_reward(lambda: make_reward("tirl"), data)
+    # TIRL is -1 at the collision step only: that row wins against every safe row, the other ten
+    # danger rows tie with them (0 = 0)
+    danger, safe = data.labels["collision_1s"], data.labels["safe"] & ~data.labels["collision_1s"]
+    assert res["n_danger"] == 11 and res["auroc"] == pytest.approx(auroc(-vals[danger | safe], danger[danger | safe]))
+    assert res["auroc"] == pytest.approx((1 * safe.sum() + 0.5 * 10 * safe.sum()) / (11 * safe.sum()))
+    res, vals = evaluate_reward(lambda: make_reward("chen"), data)
+    assert vals.shape == (len(data),) and np.isfinite(vals).all()
+    assert -1.0 <= res["spearman"] <= 1.0 and set(res["term_auroc"]) == {"collision", "speed", "lane", "steer"}
+    # standing still earns no progress: the task reward's twin never beats driving
+    b = data.batch()
+    for name in ("task", "carl"):  # progress, and CaRL's route completion
+        assert (make_reward(name)(standstill_twin(b)) <= make_reward(name)(b) + 1e-12).all(), name
+    assert (standstill_twin(b)["route_completion"] == 0).all() and (b["route_completion"] > 0).any()
+    # DriveMind: prompt ids from prepare, the world model trained on the other fold
+    res, vals = evaluate_reward(lambda: make_reward("drivemind", asynchronous=False), data,
+                                learn_rounds=2)
+    assert np.isfinite(vals).all() and res["nonfinite"] == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("open_clip") is not None,
+                    reason="open_clip is installed: the missing-extra error cannot be shown")
+def test_openclip_without_the_vision_extra_fails_clearly():
+    bench = load_script("bench")
+    with pytest.raises(SystemExit, match="vision extra"):
+        bench.main(["reward-quality", "--vlm", "openclip", "--model", "ViT-B-32", "--pretrained",
+                    "/nonexistent/open_clip_model.safetensors", "--towns", "grid", "--steps", "2"])
+
+
+def test_bench_param_overrides_reach_the_reward():
+    bench = load_script("bench")
+    with pytest.raises(SystemExit, match="theta_min"):  # an unknown param names the valid ones
+        bench.main(["reward-quality", "--rewards", "vlm_rl", "--set", "vlm_rl.theta=1", "--steps", "2"])
+    # rho=0 leaves VLM-RL's task part only: it must score exactly as the task reward does
+    out = bench.main(["reward-quality", "--towns", "grid", "--densities", "dense", "--drivers", "expert",
+                      "--steps", "40", "--rewards", "task,vlm_rl", "--set", "vlm_rl.rho=0", "--plot", ""])
+    t, v = out["per_reward"]["task"], out["per_reward"]["vlm_rl"]
+    assert out["rows"] > 5 and t["safe_mean"] == pytest.approx(v["safe_mean"])
+    assert out["spearman.task"] == out["spearman.vlm_rl"]
