@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..maps.routing import Route, nearest_spawn, random_route
+from ..maps.routing import Route, RouteError, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
@@ -89,9 +89,20 @@ class Autopilot:
 
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
-        """Follow a new random route starting at the spawn point nearest (x, y)."""
-        start = nearest_spawn(self.map, x, y)
-        self.set_route(random_route(self.map, rng, max_length=max_length, start=start))
+        """Follow a new random route starting at the spawn point nearest (x, y); where no route
+        leaves it (a dead end of the map's links), at the next nearest ones, then anywhere."""
+        rm = self.map
+        order = np.argsort(np.hypot(rm.spawn[:, 0] - x, rm.spawn[:, 1] - y))
+        starts = [int(k) for k in order[:5]] + [None]
+        for k, start in enumerate(starts):
+            try:
+                route = random_route(rm, rng, max_length=max_length, start=start,
+                                     max_tries=40 if start is not None else 200)
+                break
+            except RouteError:
+                if start is None:
+                    raise
+        self.set_route(route)
         return self.route
 
     @property

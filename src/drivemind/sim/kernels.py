@@ -345,28 +345,44 @@ def traffic_step(
                     if not ok:
                         break
             if ok:
-                # room on the exit lane for this vehicle, counting those already granted into it
+                # room beyond the junction for this vehicle, counting those already granted into
+                # its exit: the free stretch along its path up to the first vehicle there (over
+                # as many short lanes as it takes, as far as the next junction)
                 k = nxt_k[i]
+                need = 2.0 * hl[i] + s0 + 1.0
                 if k + 1 < K and path[i, k + 1] >= 0:
                     e = path[i, k + 1]
-                    free = length[e]
-                    for j in range(n):
-                        if j == i:
-                            continue
-                        if lane[j] == e and s[j] - hl[j] < free:
-                            free = s[j] - hl[j]
+                    free = 0.0
+                    kk = k + 1
+                    blocked_at = INF
+                    while kk < K and path[i, kk] >= 0 and junction[path[i, kk]] < 0 and free < need:
+                        ln = path[i, kk]
+                        for j in range(n):
+                            if j != i and lane[j] == ln and free + s[j] - hl[j] < blocked_at:
+                                blocked_at = free + s[j] - hl[j]
+                        if ego_lane == ln and free + ego_s - ego_r < blocked_at:
+                            blocked_at = free + ego_s - ego_r
+                        if blocked_at < INF:
+                            break
+                        free += length[ln]
+                        kk += 1
+                    if blocked_at < free or blocked_at < INF:
+                        free = blocked_at
+                    elif free < need and (kk >= K or path[i, kk] < 0):
+                        free = INF  # the path ends (off its look-ahead): room enough
                     for j in range(n):
                         if j == i or grant[j] < 0:
                             continue
                         if lane[j] != e:
-                            for kk in range(K - 1):
-                                if path[j, kk] == grant[j] and path[j, kk + 1] == e:
+                            for q2 in range(K - 1):
+                                if path[j, q2] == grant[j] and path[j, q2 + 1] == e:
                                     free -= 2.0 * hl[j] + s0
                                     break
-                    if ego_lane == e and ego_s - ego_r < free:
-                        free = ego_s - ego_r
-                    if free < 2.0 * hl[i] + s0 + 1.0:
-                        ok = False
+                    if free < need:
+                        # a stretch shorter than a car to the next junction will do if it is empty
+                        short = kk < K and path[i, kk] >= 0 and junction[path[i, kk]] >= 0
+                        if not (short and blocked_at == INF and free >= 0.0):
+                            ok = False
             if ok:
                 grant[i] = c
                 entered[i] = False

@@ -62,9 +62,11 @@ class LiteWorld:
         self.conflict = tab["conflict"]
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
+        self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
         self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
         self._grid = lane_grid(roadmap)
-        self._ego_jlanes = np.full(16, -1, np.int64)  # junction lanes the ego may be on
+        self._ego_jlanes = np.full(16, -1, np.int64)
+        self._ego_lane = -1  # junction lanes the ego may be on
         self._lane_junction, self._lane_length = roadmap.junction.tolist(), roadmap.length.tolist()
         self._m = (roadmap.offset, roadmap.ds, roadmap.length, roadmap.pts, roadmap.yaw)
         self.frame = 0
@@ -149,7 +151,7 @@ class LiteWorld:
             lane = int(self.v_lane[i])
             self.v_path[i, 0] = lane
             for k in range(1, PATH_LEN):
-                nxt = rm.successors(lane)
+                nxt = self.succ[lane][self.succ[lane] >= 0]
                 if len(nxt) == 0:
                     break
                 lane = int(nxt[rng.integers(len(nxt))])
@@ -199,6 +201,7 @@ class LiteWorld:
         p = nearest_point(*self._grid.args(), self.map.pts, self.map.yaw, e["x"], e["y"], e["yaw"],
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
+        self._ego_lane = ego_lane
         # in a junction, where connectors overlap, the ego may be on any of several
         nj = 0
         if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
@@ -209,7 +212,7 @@ class LiteWorld:
         n = len(self.v_lane)
         if n:
             K.traffic_step(
-                dt, self.time, *self._m, self.map.junction, self.map.succ, self.conflict,
+                dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
                 self.lights.lane_light, self.lane_vmax,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
                 self.v_entered, self.v_wait,
@@ -279,6 +282,9 @@ class LiteWorld:
                             ext, buf)
         now = set()
         for j in buf[:k]:
+            if j < len(self.v_lane) and self._grade_separated(self._ego_lane, e["yaw"],
+                                                              int(self.v_lane[j]), float(yaw[j])):
+                continue
             aid = int(ids[j])
             now.add(aid)
             if aid not in self._ego_contacts:
@@ -299,11 +305,24 @@ class LiteWorld:
             self._static_contact = off
         pbuf = np.empty(64, np.int64)
         npair = K.pairwise_overlaps(pos, yaw, ext, int(ActorClass.WALKER), cls, pbuf)
-        pairs = set(pbuf[:min(npair, 64)].tolist())
+        nall, nv = len(pos), len(self.v_lane)
+        pairs = set()
+        for pr in pbuf[:min(npair, 64)].tolist():
+            i, j = divmod(pr, nall)
+            if not (j < nv and self._grade_separated(int(self.v_lane[i]), float(yaw[i]),
+                                                     int(self.v_lane[j]), float(yaw[j]))):
+                pairs.add(pr)
         new = len(pairs - self._npc_contacts)
         self._npc_contacts = pairs
         self.npc_collision_total += new
         return events, new
+
+    def _grade_separated(self, la: int, ya: float, lb: int, yb: float) -> bool:
+        """Two boxes overlapping in plan view on roads that cross outside any junction: one
+        passes over the other (a bridge; the map is flat here), so it is no collision."""
+        if la < 0 or lb < 0 or self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
+            return False
+        return abs(math.cos(ya - yb)) < 0.7
 
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
