@@ -48,6 +48,8 @@ class TrafficParams:
     walker_clear_dist: float = 15.0  # m: a walker waits while a vehicle is closer than this ...
     walker_clear_time: float = 3.0  # ... plus its speed times this
     spawn_gap: float = 12.0  # m between spawned vehicles (and from the ego)
+    stuck_respawn: float | None = 90.0  # s standing (not at a red light) before a vehicle is
+    #                                     respawned elsewhere (SUMO's teleport); None: never
 
 
 @dataclass(frozen=True)

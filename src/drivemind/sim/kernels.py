@@ -215,7 +215,7 @@ def traffic_step(
     # map
     offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax,
     # vehicles (modified in place)
-    lane, s, v, acc, path, grant, entered, wait, hl, hw, vdes, amax, bcomf,
+    lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vdes, amax, bcomf,
     # lights
     light_state,
     # ego and walkers as obstacles
@@ -477,6 +477,11 @@ def traffic_step(
         acc[i] = ai
         if v[i] < 0.3 and nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
             wait[i] += dt
+        # standing time not explained by a red light ahead (the last-resort respawn's clock)
+        if v[i] >= 0.3 or light_block[i]:
+            stuck[i] = 0.0
+        else:
+            stuck[i] += dt
     # ---- pass 4: integrate, move along lanes, release grants
     for i in range(n):
         nv = v[i] + acc[i] * dt

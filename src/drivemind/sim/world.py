@@ -13,6 +13,7 @@ The same seed gives the same trajectories.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -24,6 +25,8 @@ from .config import SimConfig
 from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
                        WorldSnapshot)
 from .tables import traffic_tables
+
+log = logging.getLogger(__name__)
 
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
 
@@ -76,6 +79,8 @@ class LiteWorld:
         self._npc_contacts: set[int] = set()
         self._static_contact = False
         self.npc_collision_total = 0
+        self.npc_respawns = 0  # vehicles moved by the last-resort respawn
+        self.npc_max_stuck_s = 0.0  # longest standing time of a vehicle not at a red light
         self.spawned = dict(vehicles=0, motorcycles=0, bicycles=0, walkers=0)
 
     # ------------------------------------------------------------------ reset
@@ -109,6 +114,8 @@ class LiteWorld:
         self._npc_contacts.clear()
         self._static_contact = False
         self.npc_collision_total = 0
+        self.npc_respawns = 0
+        self.npc_max_stuck_s = 0.0
         self._actors = self._actor_arrays()
         return self._snapshot([], 0)
 
@@ -140,6 +147,7 @@ class LiteWorld:
         self.v_grant = np.full(n, -1, np.int64)  # reserved junction connector
         self.v_entered = np.zeros(n, np.bool_)  # already on its reserved connector
         self.v_wait = np.zeros(n)
+        self.v_stuck = np.zeros(n)  # s standing, not at a red light
         self.v_hl, self.v_hw, self.v_vdes = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
         for i, c in enumerate(want):
@@ -148,18 +156,50 @@ class LiteWorld:
             self.v_vdes[i], self.v_amax[i], self.v_b[i] = rng.uniform(*vd), a, b
         self.v_path = np.full((n, PATH_LEN), -1, np.int64)
         for i in range(n):
-            lane = int(self.v_lane[i])
-            self.v_path[i, 0] = lane
-            for k in range(1, PATH_LEN):
-                nxt = self.succ[lane][self.succ[lane] >= 0]
-                if len(nxt) == 0:
-                    break
-                lane = int(nxt[rng.integers(len(nxt))])
-                self.v_path[i, k] = lane
+            self._fill_path(i)
         self.v_id = np.arange(1, n + 1, dtype=np.int64)
         self.v_xy = np.zeros((n, 2))
         self.v_yaw = np.zeros(n)
         K.poses(*self._m, self.v_lane, self.v_s, self.v_xy, self.v_yaw)
+
+    def _fill_path(self, i: int) -> None:
+        """Vehicle i's path: its lane, then random successors."""
+        lane = int(self.v_lane[i])
+        self.v_path[i] = -1
+        self.v_path[i, 0] = lane
+        for k in range(1, PATH_LEN):
+            nxt = self.succ[lane][self.succ[lane] >= 0]
+            if len(nxt) == 0:
+                break
+            lane = int(nxt[self.rng.integers(len(nxt))])
+            self.v_path[i, k] = lane
+
+    def _respawn_stuck(self) -> None:
+        """Last resort, as SUMO's teleport: a vehicle standing longer than ``stuck_respawn``
+        seconds (not at a red light) is moved to a free spawn point away from the ego, counted in
+        ``npc_respawns`` and logged."""
+        limit = self.cfg.traffic.stuck_respawn
+        if limit is None or not len(self.v_stuck):
+            return
+        for i in np.flatnonzero(self.v_stuck > limit):
+            rm, gap = self.map, self.cfg.traffic.spawn_gap
+            far = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"]) > 40.0
+            d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
+                         rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
+            free = np.flatnonzero(far & (d >= gap))
+            if not len(free):
+                continue  # nowhere to go now; try again next step
+            k = int(free[self.rng.integers(len(free))])
+            old = (self.map.keys[int(self.v_lane[i])], round(float(self.v_s[i]), 1))
+            self.v_lane[i], self.v_s[i] = int(rm.spawn_lane[k]), float(rm.spawn_s[k])
+            self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
+            self.v_grant[i], self.v_entered[i] = -1, False
+            self._fill_path(i)
+            x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
+            self.v_xy[i], self.v_yaw[i] = (x, y), h
+            self.npc_respawns += 1
+            log.info("t=%.1f s: vehicle %d stood %.0f s at lane %s s=%s; respawned at spawn point %d",
+                     self.time, int(self.v_id[i]), limit, old[0], old[1], k)
 
     def _spawn_walkers(self):
         rng, cfg = self.rng, self.cfg
@@ -215,7 +255,7 @@ class LiteWorld:
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
                 self.lights.lane_light, self.lane_vmax,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
-                self.v_entered, self.v_wait,
+                self.v_entered, self.v_wait, self.v_stuck,
                 self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
                 self.light_state,
                 np.array([e["x"], e["y"]]), e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
@@ -225,6 +265,9 @@ class LiteWorld:
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw,
             )
+        if n:
+            self.npc_max_stuck_s = max(self.npc_max_stuck_s, float(self.v_stuck.max()))
+            self._respawn_stuck()
         if len(self.w_xy):
             veh_xy = np.concatenate([self.v_xy, [[e["x"], e["y"]]]])
             veh_v = np.concatenate([self.v_v, [e["v"]]])
