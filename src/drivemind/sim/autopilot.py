@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..maps.routing import Route, RouteError, nearest_spawn, plan_route, random_route
+from ..maps.routing import Route, nearest_spawn, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
-from .tables import traffic_successors
+from .tables import linked_roadmap
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
 from .world import LiteWorld
 
@@ -90,40 +90,11 @@ class Autopilot:
 
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
-        """Follow a new random route starting at the spawn point nearest (x, y); where no route
-        leaves it (a dead end of the map's links), from the end of the current route to a random
-        spawn point instead (never from somewhere the ego is not)."""
-        rm = self.map
-        try:
-            route = random_route(rm, rng, max_length=max_length, start=nearest_spawn(rm, x, y),
-                                 max_tries=50)
-        except RouteError as exc:
-            # from the end of the current route, or where the traffic goes on from a dead end of
-            # the map's links (its geometric continuation, as the traffic follows it)
-            lane, _, s_end = self.route.segments[-1]
-            starts = [(int(lane), float(s_end))]
-            succ = traffic_successors(rm)
-            for _ in range(4):
-                nxt = succ[starts[-1][0]]
-                if nxt[0] < 0 or len(rm.successors(starts[-1][0])):
-                    break
-                starts.append((int(nxt[0]), 0.5))
-            route = None
-            for _ in range(200):
-                b = int(rng.integers(len(rm.spawn)))
-                for st in starts[::-1]:
-                    try:
-                        r = plan_route(rm, st, (rm.spawn_lane[b], rm.spawn_s[b]))
-                    except RouteError:
-                        continue
-                    if 50.0 <= r.length <= max_length:
-                        route = r
-                    break
-                if route is not None:
-                    break
-            if route is None:
-                raise exc
-        self.set_route(route)
+        """Follow a new random route starting at the spawn point nearest (x, y), planned on the
+        links the traffic follows (:func:`~drivemind.sim.tables.linked_roadmap`: a map whose
+        links leave dead ends still gives a route on)."""
+        rm = linked_roadmap(self.map)
+        self.set_route(random_route(rm, rng, max_length=max_length, start=nearest_spawn(rm, x, y)))
         return self.route
 
     @property

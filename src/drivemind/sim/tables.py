@@ -3,7 +3,7 @@ junction conflict matrix, curvature speed limits, traffic-light groups, walker c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -215,6 +215,27 @@ def traffic_successors(rm: RoadMap, max_gap: float = 2.5, min_cos: float = 0.9) 
     for i, x in enumerate(lists):
         out[i, :len(x)] = x
     return out
+
+
+def linked_roadmap(rm: RoadMap) -> RoadMap:
+    """``rm`` with :func:`traffic_successors`' links (and the predecessors they imply), for
+    planning routes the way the traffic drives; the same lanes and indices. Cached on ``rm``."""
+    view = rm.__dict__.get("_linked_view")
+    if view is None:
+        succ = traffic_successors(rm)
+        if np.array_equal(succ, rm.succ):
+            view = rm
+        else:
+            preds: list[list[int]] = [[] for _ in range(rm.n_lanes)]
+            for a in range(rm.n_lanes):
+                for b in succ[a][succ[a] >= 0]:
+                    preds[int(b)].append(a)
+            pred = np.full((rm.n_lanes, max(1, max(len(p) for p in preds))), -1, np.int64)
+            for b, p in enumerate(preds):
+                pred[b, :len(p)] = sorted(set(p))
+            view = replace(rm, succ=succ, pred=pred)
+        rm.__dict__["_linked_view"] = view
+    return view
 
 
 def traffic_tables(rm: RoadMap, traffic) -> dict:
