@@ -48,6 +48,10 @@ class TrafficParams:
     walker_clear_dist: float = 15.0  # m: a walker waits while a vehicle is closer than this ...
     walker_clear_time: float = 3.0  # ... plus its speed times this
     spawn_gap: float = 12.0  # m between spawned vehicles (and from the ego)
+    lane_changes: bool = True  # MOBIL lane changes on multi-lane roads
+    mobil_politeness: float = 0.3  # share of the new follower's loss counted against a change
+    mobil_threshold: float = 0.3  # m/s^2 a change must gain
+    mobil_b_safe: float = 3.0  # m/s^2: the new follower may have to brake at most this hard
     stuck_respawn: float | None = 90.0  # s standing (not at a red light) before a vehicle is
     #                                     respawned elsewhere (SUMO's teleport); None: never
 

@@ -148,6 +148,10 @@ class LiteWorld:
         self.v_entered = np.zeros(n, np.bool_)  # already on its reserved connector
         self.v_wait = np.zeros(n)
         self.v_stuck = np.zeros(n)  # s standing, not at a red light
+        self.v_lat = np.zeros(n)  # m off the lane centre (right +) while changing lanes
+        self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
+        self.v_lctimer = np.zeros(n)  # s since its last lane change
+        self.lane_change_total = 0
         self.v_hl, self.v_hw, self.v_vdes = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
         for i, c in enumerate(want):
@@ -194,6 +198,7 @@ class LiteWorld:
             self.v_lane[i], self.v_s[i] = int(rm.spawn_lane[k]), float(rm.spawn_s[k])
             self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
             self.v_grant[i], self.v_entered[i] = -1, False
+            self.v_lat[i], self.v_lcfrom[i], self.v_lctimer[i] = 0.0, -1, 0.0
             self._fill_path(i)
             x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
             self.v_xy[i], self.v_yaw[i] = (x, y), h
@@ -250,13 +255,22 @@ class LiteWorld:
                                        self.map.point_lane, self.map.junction, e["x"], e["y"],
                                        e["yaw"], math.pi / 4, 2.0, self._ego_jlanes)
         n = len(self.v_lane)
+        if n and tp.lane_changes:
+            rm = self.map
+            self.lane_change_total += K.lane_changes(
+                dt, *self._m, rm.junction, self.succ, rm.left, rm.right, rm.left_same_dir,
+                rm.right_same_dir, self.lane_vmax, self.v_lane, self.v_s, self.v_v, self.v_acc,
+                self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
+                self.v_lat, self.v_lcfrom, self.v_lctimer, np.array([e["x"], e["y"]]), ego_lane,
+                ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
+                tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
         if n:
             K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
                 self.lights.lane_light, self.lane_vmax,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
                 self.v_entered, self.v_wait, self.v_stuck,
-                self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
+                self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b, self.v_lat, self.v_lcfrom,
                 self.light_state,
                 np.array([e["x"], e["y"]]), e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj,
