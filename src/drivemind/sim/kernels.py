@@ -13,7 +13,8 @@ import numpy as np
 
 INF = 1e9
 EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
-WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
+WALKER_GIVE_UP = 3.0
+STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted  # s a crossing walker waits in front of a vehicle before it turns back
 
 
 @nb.njit(cache=True, inline="always")
@@ -215,7 +216,8 @@ def traffic_step(
     # map
     offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax,
     # vehicles (modified in place)
-    lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vdes, amax, bcomf, lat, lcfrom,
+    lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
+    lcfrom,
     # lights
     light_state,
     # ego and walkers as obstacles
@@ -304,19 +306,29 @@ def traffic_step(
         for q in range(nr):
             keys[q] = -wait[req[q]] * 1000.0 + dstop[req[q]]
         order = np.argsort(keys)
+        claimed = np.empty(nr, np.int64)  # connectors of long waiters not granted this step
+        ncl = 0
         for q in range(nr):
             i = req[order[q]]
             c = nxt_c[i]
             ok = True
+            # no starving: nothing crossing the way of one that has waited long goes first
+            for q2 in range(ncl):
+                if conflict[c, claimed[q2]] == 1 or c == claimed[q2]:
+                    ok = False
+                    break
             for j in range(n):
                 if j == i:
                     continue
                 lj = lane[j]
-                if junction[lj] >= 0 and conflict[c, lj]:
+                # one that went ahead from our lane into a way through diverging from ours, far
+                # enough in for us to follow it (as a leader), does not block us
+                ahead = conflict[c, lj] == 2 and s[j] - hl[j] > 2.0 * hl[i] + s0
+                if junction[lj] >= 0 and conflict[c, lj] and not ahead:
                     ok = False
                     break
                 gj = grant[j]
-                if gj >= 0 and conflict[c, gj]:
+                if gj >= 0 and conflict[c, gj] and not (ahead and gj == lj):
                     ok = False
                     break
             if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
@@ -387,9 +399,12 @@ def traffic_step(
                 grant[i] = c
                 entered[i] = False
                 wait[i] = 0.0
+            elif wait[i] > STARVE_WAIT:
+                claimed[ncl] = c
+                ncl += 1
     # ---- pass 3: IDM acceleration
     wbuf = np.empty((walker_xy.shape[0], 2))  # walkers near the vehicle under consideration
-    wrad = np.full(walker_xy.shape[0], 0.6)
+    wrad = np.full(walker_xy.shape[0], 0.9)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -404,10 +419,13 @@ def traffic_step(
                     continue
                 sj = s[j]
                 if lane[j] != l:
-                    # changing lanes away from l and not yet across: still in our way
-                    if lcfrom[j] != l or abs(lat[j]) < hw[j] + 0.5:
+                    if junction[l] >= 0 and conflict[l, lane[j]] == 2:
+                        pass  # on a way through that leaves l's lane with l: followed as on l
+                    elif lcfrom[j] == l and abs(lat[j]) >= 0.5:
+                        # changing lanes away from l and not yet across: still in our way
+                        sj = s[j] * length[l] / max(length[lane[j]], 1e-3)
+                    else:
                         continue
-                    sj = s[j] * length[l] / max(length[lane[j]], 1e-3)
                 if k == 0 and sj <= s[i]:
                     continue
                 g = cum + sj - hl[j] - hl[i]
@@ -472,12 +490,9 @@ def traffic_step(
                 gap = g
                 vl = 0.0
         # desired speed: class speed capped by this lane's and the next lane's curvature limit
-        v0 = vdes[i]
-        if lane_vmax[lane[i]] < v0:
-            v0 = lane_vmax[lane[i]]
+        v0 = _v0(vfac[i], vcap[i], lane_vmax[lane[i]])
         if K > 1 and path[i, 1] >= 0 and length[lane[i]] - s[i] < 20.0:
-            if lane_vmax[path[i, 1]] < v0:
-                v0 = lane_vmax[path[i, 1]]
+            v0 = min(v0, _v0(vfac[i], vcap[i], lane_vmax[path[i, 1]]))
         a = amax[i]
         b = bcomf[i]
         free = 1.0 - (v[i] / max(v0, 0.1)) ** 4
@@ -538,13 +553,21 @@ def traffic_step(
                 lat[i] -= step if lat[i] > 0.0 else -step
             x -= lat[i] * math.sin(h)
             y += lat[i] * math.cos(h)
-            if lat[i] != 0.0 and v[i] > 0.5:
+            if lat[i] != 0.0 and v[i] > 2.0:  # turned a little towards the new lane
                 h += math.atan2(-(lat[i] / abs(lat[i])) * step / dt, v[i])
         if lcfrom[i] >= 0 and lane[i] != lcfrom[i] and lat[i] == 0.0:
             lcfrom[i] = -1
         xy[i, 0] = x
         xy[i, 1] = y
         heading[i] = h
+
+
+@nb.njit(cache=True, inline="always")
+def _v0(vfac, vcap, lane_vmax):
+    """Desired speed: the lane's limit (speed limit, curvature) times the vehicle's own factor
+    (its offset around the limit), at most its class's top speed."""
+    v0 = vfac * lane_vmax
+    return vcap if vcap < v0 else v0
 
 
 @nb.njit(cache=True, inline="always")
@@ -576,7 +599,7 @@ def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
 
 @nb.njit(cache=True)
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
-                 right_same, lane_vmax, lane, s, v, acc, path, grant, hl, hw, vdes, amax, bcomf,
+                 right_same, lane_vmax, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
                  threshold, b_safe, xy):
     """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
@@ -598,7 +621,7 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         rest = length[li] - s[i]
         if rest < 12.0 + 4.0 * v[i] or s[i] < 2.0 * hl[i]:
             continue
-        v0 = min(vdes[i], lane_vmax[li])
+        v0 = _v0(vfac[i], vcap[i], lane_vmax[li])
         # present situation: leader on the lane path ahead (within this lane), and our follower
         ga, va, gb, vb, fb = _neighbours_on(lane, s, v, hl, n, li, s[i] + hl[i], i)
         if ego_lane == li and ego_s > s[i] and ego_s - s[i] - hl[i] - 2.5 < ga:
@@ -634,14 +657,14 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
                 continue
             if na < s0 + 0.5 * v[i] or nbk < s0:
                 continue
-            a_new = _idm(v[i], min(vdes[i], lane_vmax[nb_]), na, nva, amax[i], bcomf[i], s0, T)
+            a_new = _idm(v[i], _v0(vfac[i], vcap[i], lane_vmax[nb_]), na, nva, amax[i], bcomf[i], s0, T)
             cost = 0.0
             if nf >= 0:
-                a_f_new = _idm(vb if nf < 0 else v[nf], min(vdes[nf], lane_vmax[nb_]), nbk, v[i],
+                a_f_new = _idm(vb if nf < 0 else v[nf], _v0(vfac[nf], vcap[nf], lane_vmax[nb_]), nbk, v[i],
                                amax[nf], bcomf[nf], s0, T)
                 if a_f_new < -b_safe:
                     continue
-                a_f_old = _idm(v[nf], min(vdes[nf], lane_vmax[nb_]), nbk + 2.0 * hl[i] + na,
+                a_f_old = _idm(v[nf], _v0(vfac[nf], vcap[nf], lane_vmax[nb_]), nbk + 2.0 * hl[i] + na,
                                nva, amax[nf], bcomf[nf], s0, T)
                 cost = a_f_old - a_f_new
             gain = a_new - a_cur - politeness * cost

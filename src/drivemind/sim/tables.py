@@ -11,7 +11,9 @@ from ..maps.roadmap import RoadMap
 
 
 def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None) -> np.ndarray:
-    """conflict[a, b]: junction lanes a and b (same junction, a != b) come within ``dist`` m."""
+    """conflict[a, b] (int8, nonzero: conflict): junction lanes a and b (same junction, a != b)
+    come within ``dist`` m, directly or through the lanes chained to them (see
+    :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane."""
     L = rm.n_lanes
     out = np.zeros((L, L), np.bool_)
     for j in rm.junction_ids:
@@ -23,7 +25,8 @@ def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None) ->
                 d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
                 if d2.min() < dist * dist:
                     out[lanes[ia], lanes[ib]] = out[lanes[ib], lanes[ia]] = True
-    return _chain_conflicts(rm, out, rm.succ if succ is None else succ)
+    succ = rm.succ if succ is None else succ
+    return _mark_siblings(rm, _chain_conflicts(rm, out, succ), succ)
 
 
 def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndarray:
@@ -62,6 +65,22 @@ def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndar
     np.fill_diagonal(full, False)
     out = base.copy()
     out[np.ix_(jl, jl)] = full
+    return out
+
+
+def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray) -> np.ndarray:
+    """conflict as int8: 1 where two junction lanes conflict, 2 where they are the first lanes of
+    two ways through that leave the same lane (they overlap where they start and then diverge: a
+    vehicle may follow another into them, as into one lane, rather than wait until it is out)."""
+    out = conflict.astype(np.int8)
+    for a in range(rm.n_lanes):
+        if rm.junction[a] >= 0:
+            continue
+        first = [int(b) for b in succ[a][succ[a] >= 0] if rm.junction[b] >= 0]
+        for x in first:
+            for y in first:
+                if x != y and out[x, y]:
+                    out[x, y] = 2
     return out
 
 
@@ -182,10 +201,19 @@ def crossing_sites(rm: RoadMap, succ: np.ndarray | None = None) -> tuple[np.ndar
         mid = np.array([x, y]) + n * (lo + hi) / 2
         if any(np.hypot(*(mid - m)) < 4.0 for m in mids):
             continue
+        ends = np.array([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
+        if any(_on_a_lane(rm, e) for e in ends):
+            continue  # a kerb end on some lane (a wider road than we saw, a road passing over)
         mids.append(mid)
-        sites.append([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
+        sites.append(ends.tolist())
         at_j.append(isj)
     return np.array(sites, float).reshape(-1, 2, 2), np.array(at_j, bool)
+
+
+def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3) -> bool:
+    """Whether point p lies on a lane (within its half width + ``margin`` of a centre point)."""
+    d = np.hypot(rm.pts[:, 0] - p[0], rm.pts[:, 1] - p[1]) - rm.width / 2
+    return bool(d.min() < margin)
 
 
 def traffic_successors(rm: RoadMap, max_gap: float = 2.5, min_cos: float = 0.9) -> np.ndarray:

@@ -30,10 +30,10 @@ log = logging.getLogger(__name__)
 
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
 
-# per class: half length, half width, desired speed range (m/s), max accel, comfortable decel
+# per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
-    ActorClass.CAR: ((2.15, 2.45), (0.9, 1.0), (7.0, 9.5), 2.0, 3.0),
-    ActorClass.MOTORCYCLE: ((1.05, 1.15), (0.4, 0.5), (7.0, 9.5), 3.0, 3.5),
+    ActorClass.CAR: ((2.15, 2.45), (0.9, 1.0), (30.0, 30.0), 2.0, 3.0),
+    ActorClass.MOTORCYCLE: ((1.05, 1.15), (0.4, 0.5), (30.0, 30.0), 3.0, 3.5),
     ActorClass.BICYCLE: ((0.85, 0.95), (0.3, 0.4), (3.5, 5.5), 1.0, 2.0),
 }
 WALKER_EXTENT = (0.3, 0.3)
@@ -152,12 +152,15 @@ class LiteWorld:
         self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
         self.v_lctimer = np.zeros(n)  # s since its last lane change
         self.lane_change_total = 0
-        self.v_hl, self.v_hw, self.v_vdes = np.zeros(n), np.zeros(n), np.zeros(n)
+        self.v_hl, self.v_hw, self.v_vcap = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
+        # each vehicle's own offset around the lane's limit (as the Traffic Manager's per-vehicle
+        # speed difference)
+        self.v_vfac = 1.0 + rng.uniform(*cfg.traffic.speed_offset, size=n)
         for i, c in enumerate(want):
             hl, hw, vd, a, b = CLASS_PARAMS[c]
             self.v_hl[i], self.v_hw[i] = rng.uniform(*hl), rng.uniform(*hw)
-            self.v_vdes[i], self.v_amax[i], self.v_b[i] = rng.uniform(*vd), a, b
+            self.v_vcap[i], self.v_amax[i], self.v_b[i] = rng.uniform(*vd), a, b
         self.v_path = np.full((n, PATH_LEN), -1, np.int64)
         for i in range(n):
             self._fill_path(i)
@@ -260,7 +263,8 @@ class LiteWorld:
             self.lane_change_total += K.lane_changes(
                 dt, *self._m, rm.junction, self.succ, rm.left, rm.right, rm.left_same_dir,
                 rm.right_same_dir, self.lane_vmax, self.v_lane, self.v_s, self.v_v, self.v_acc,
-                self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
+                self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
+                self.v_amax, self.v_b,
                 self.v_lat, self.v_lcfrom, self.v_lctimer, np.array([e["x"], e["y"]]), ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
                 tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
@@ -270,7 +274,8 @@ class LiteWorld:
                 self.lights.lane_light, self.lane_vmax,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
                 self.v_entered, self.v_wait, self.v_stuck,
-                self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b, self.v_lat, self.v_lcfrom,
+                self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_b, self.v_lat,
+                self.v_lcfrom,
                 self.light_state,
                 np.array([e["x"], e["y"]]), e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj,
