@@ -107,3 +107,37 @@ def test_same_seed_same_traffic_with_respawns(shared_maps):
     assert a.npc_respawns > 0  # the short limit makes respawns happen
     assert a.npc_respawns == b.npc_respawns
     assert np.array_equal(a.v_xy, b.v_xy) and np.array_equal(a.v_lane, b.v_lane)
+
+
+def _two_lane_road():
+    a = _lane((1, 0, -1), 0, 300)
+    b = _lane((1, 0, -2), 0, 300, y=3.5)  # y grows to the right: -2 is the right lane
+    a.right, b.left = (1, 0, -2), (1, 0, -1)
+    return build_roadmap("two_lanes", [a, b])
+
+
+@pytest.mark.parametrize("lane_changes", [True, False])
+def test_vehicle_changes_lane_to_pass_a_standing_one(lane_changes):
+    rm = _two_lane_road()
+    cfg = SimConfig(vehicles=1, offroad_margin=None,
+                    traffic=TrafficParams(signals="none", lane_changes=lane_changes,
+                                          stuck_respawn=None))
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=0, ego_pose=(1e4, 1e4, 0.0))
+    left = rm.key_index[(1, 0, -1)]
+    world.v_lane[0], world.v_s[0], world.v_v[0] = left, 40.0, 5.0
+    world.v_path[0] = -1
+    world.v_path[0, 0] = left
+    world.ego.update(x=150.0, y=0.0, yaw=0.0, v=0.0)  # standing in the left lane
+    events = []
+    for _ in range(400):  # 40 s
+        snap = world.step((0.0, -1.0))
+        events += snap.collisions
+        assert snap.npc_collisions == 0
+    assert not events
+    if lane_changes:
+        assert world.lane_change_total >= 1
+        assert world.v_xy[0, 0] > 160.0  # went past the standing ego in the right lane
+        assert abs(world.v_xy[0, 1] - 3.5) < 0.05 and world.v_lat[0] == 0.0
+    else:
+        assert world.lane_change_total == 0 and world.v_xy[0, 0] < 150.0

@@ -196,7 +196,7 @@ def _corridor_gap(offset, ds, length, pts, yaw, path, s_i, hl, hw, obs, obs_r, l
             dx = obs[j, 0] - x
             dy = obs[j, 1] - y
             lim = hw + obs_r[j] + 0.4
-            if d >= hl and dx * dx + dy * dy < lim * lim:  # beside or behind: not ours to yield to
+            if d >= 0.0 and dx * dx + dy * dy < lim * lim:  # behind us: not ours to yield to
                 g = d - hl - obs_r[j]
                 if g < best:
                     best = g
