@@ -419,7 +419,7 @@ def traffic_step(
                     continue
                 sj = s[j]
                 if lane[j] != l:
-                    if junction[l] >= 0 and conflict[l, lane[j]] == 2:
+                    if junction[l] >= 0 and junction[lane[j]] >= 0 and conflict[l, lane[j]] == 2:
                         pass  # on a way through that leaves l's lane with l: followed as on l
                     elif lcfrom[j] == l and abs(lat[j]) >= 0.5:
                         # changing lanes away from l and not yet across: still in our way

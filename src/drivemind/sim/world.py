@@ -30,6 +30,7 @@ from .tables import traffic_tables
 log = logging.getLogger(__name__)
 
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
+LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1 s)
 
 # per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
@@ -66,6 +67,9 @@ class LiteWorld:
         self.conflict = tab["conflict"]
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
+        # any lane with a neighbour of its own direction (else no lane changes to consider)
+        self._multilane = bool(np.any((roadmap.left >= 0) & roadmap.left_same_dir)
+                               or np.any((roadmap.right >= 0) & roadmap.right_same_dir))
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
         self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
         self._grid = lane_grid(roadmap)
@@ -259,10 +263,10 @@ class LiteWorld:
                                        self.map.point_lane, self.map.junction, e["x"], e["y"],
                                        e["yaw"], math.pi / 4, 2.0, self._ego_jlanes)
         n = len(self.v_lane)
-        if n and tp.lane_changes:
+        if n and tp.lane_changes and self._multilane and self.frame % LC_EVERY == 0:
             rm = self.map
             self.lane_change_total += K.lane_changes(
-                dt, *self._m, rm.junction, self.succ, rm.left, rm.right, rm.left_same_dir,
+                dt * LC_EVERY, *self._m, rm.junction, self.succ, rm.left, rm.right, rm.left_same_dir,
                 rm.right_same_dir, self.lane_vmax, self.v_lane, self.v_s, self.v_v, self.v_acc,
                 self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
                 self.v_amax, self.v_b,
@@ -286,8 +290,11 @@ class LiteWorld:
                 self.v_xy, self.v_yaw,
             )
         if n:
-            self.npc_max_stuck_s = max(self.npc_max_stuck_s, float(self.v_stuck.max()))
-            self._respawn_stuck()
+            m = float(self.v_stuck.max())
+            if m > self.npc_max_stuck_s:
+                self.npc_max_stuck_s = m
+            if tp.stuck_respawn is not None and m > tp.stuck_respawn:
+                self._respawn_stuck()
         if len(self.w_xy):
             veh_xy = np.concatenate([self.v_xy, [[e["x"], e["y"]]]])
             veh_v = np.concatenate([self.v_v, [e["v"]]])
