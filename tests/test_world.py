@@ -107,7 +107,7 @@ def test_idm_ring_keeps_gaps_and_reaches_steady_speed(ring, n_cars):
     world.reset(3, ego_pose=OFF_MAP)
     assert world.spawned["vehicles"] == n_cars
     assert np.all(world.v_lane == 0)
-    v0 = np.minimum(world.v_vdes, world.lane_vmax[0])  # the speed each car aims for
+    v0 = np.minimum(world.v_vcap, world.v_vfac * world.lane_vmax[0])  # the speed each car aims for
     order0 = ring_gaps(world, L)[1]
     min_gap, speeds = np.inf, []
     for _ in range(2000):
@@ -140,13 +140,13 @@ def test_idm_platoon_settles_at_equilibrium_gap(ring):
     world = LiteWorld(ring, cfg)
     world.reset(1, ego_pose=OFF_MAP)
     slow = 4.0
-    world.v_vdes[0] = slow
+    world.v_vcap[0] = slow
     for _ in range(2500):
         world.step((0.0, 0.0))
     assert world.npc_collision_total == 0
     assert np.allclose(world.v_v, slow, atol=0.05), world.v_v
     tp = cfg.traffic
-    v0 = np.minimum(world.v_vdes, world.lane_vmax[0])
+    v0 = np.minimum(world.v_vcap, world.v_vfac * world.lane_vmax[0])
     gaps, order = ring_gaps(world, L)
     idx = {int(i): k for k, i in enumerate(world.v_id)}
     for g, follower in zip(gaps, order):
@@ -197,7 +197,8 @@ def test_town02_junctions_lights_and_conflicts(town02):
         junction_lanes_seen.update(lanes[inj].tolist())
         if len(inj) > 1:
             jl = lanes[inj]
-            clash = world.conflict[np.ix_(jl, jl)]
+            # 2: ways through leaving one lane, entered one behind the other (allowed)
+            clash = world.conflict[np.ix_(jl, jl)] == 1
             assert not clash.any(), f"vehicles on conflicting junction lanes at t={world.time:.1f}: {jl}"
     assert world.npc_collision_total == 0
     assert entries >= 30 and len(vehicles_through) >= 10, (entries, len(vehicles_through))

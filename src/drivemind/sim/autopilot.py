@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..maps.routing import Route, nearest_spawn, random_route
+from ..maps.routing import Route, RouteError, nearest_spawn, plan_route, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
+from .tables import linked_roadmap
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
 from .world import LiteWorld
 
@@ -89,9 +90,26 @@ class Autopilot:
 
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
-        """Follow a new random route starting at the spawn point nearest (x, y)."""
-        start = nearest_spawn(self.map, x, y)
-        self.set_route(random_route(self.map, rng, max_length=max_length, start=start))
+        """Follow a new random route from where the current one ends (the ego's own lane, so it
+        does not cut across to a spawn point on the next lane), to a random spawn point; if none
+        can be reached from there, from the spawn point nearest (x, y). Planned on the links the
+        traffic follows (:func:`~drivemind.sim.tables.linked_roadmap`: a map whose links leave
+        dead ends still gives a route on)."""
+        rm = linked_roadmap(self.map)
+        lane, _, s_end = self.route.segments[-1]
+        route = None
+        for _ in range(50):
+            b = int(rng.integers(len(rm.spawn)))
+            try:
+                r = plan_route(rm, (int(lane), float(s_end)), (rm.spawn_lane[b], rm.spawn_s[b]))
+            except RouteError:
+                continue
+            if 50.0 <= r.length <= max_length:
+                route = r
+                break
+        if route is None:
+            route = random_route(rm, rng, max_length=max_length, start=nearest_spawn(rm, x, y))
+        self.set_route(route)
         return self.route
 
     @property

@@ -32,6 +32,8 @@ class TrafficParams:
 
     speed_limit_kmh: float = 30.0  # CARLA towns' urban limit; caps every lane
     lateral_accel: float = 2.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane
+    speed_offset: tuple[float, float] = (-0.1, 0.1)  # each vehicle drives at the lane's limit
+    #                                                   times 1 + U(lo, hi)
     idm_s0: float = 2.0  # m, standstill gap
     idm_T: float = 1.2  # s, time headway
     brake_max: float = 8.0  # m/s^2 emergency braking bound
@@ -48,6 +50,12 @@ class TrafficParams:
     walker_clear_dist: float = 15.0  # m: a walker waits while a vehicle is closer than this ...
     walker_clear_time: float = 3.0  # ... plus its speed times this
     spawn_gap: float = 12.0  # m between spawned vehicles (and from the ego)
+    lane_changes: bool = True  # MOBIL lane changes on multi-lane roads
+    mobil_politeness: float = 0.3  # share of the new follower's loss counted against a change
+    mobil_threshold: float = 0.3  # m/s^2 a change must gain
+    mobil_b_safe: float = 3.0  # m/s^2: the new follower may have to brake at most this hard
+    stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
+    #                                     respawned elsewhere (SUMO's teleport); None: never
 
 
 @dataclass(frozen=True)
@@ -84,7 +92,7 @@ class SimConfig:
             d["ego"] = _sub(EgoParams, d["ego"], "ego")
         if isinstance(d.get("traffic"), dict):
             t = dict(d["traffic"])
-            for k in ("walker_speed", "walker_wait"):
+            for k in ("walker_speed", "walker_wait", "speed_offset"):
                 if k in t:
                     t[k] = tuple(t[k])
             d["traffic"] = _sub(TrafficParams, t, "traffic")

@@ -13,7 +13,8 @@ import numpy as np
 
 INF = 1e9
 EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
-WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
+WALKER_GIVE_UP = 3.0
+STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted  # s a crossing walker waits in front of a vehicle before it turns back
 
 
 @nb.njit(cache=True, inline="always")
@@ -195,7 +196,7 @@ def _corridor_gap(offset, ds, length, pts, yaw, path, s_i, hl, hw, obs, obs_r, l
             dx = obs[j, 0] - x
             dy = obs[j, 1] - y
             lim = hw + obs_r[j] + 0.4
-            if d >= hl and dx * dx + dy * dy < lim * lim:  # beside or behind: not ours to yield to
+            if d >= 0.0 and dx * dx + dy * dy < lim * lim:  # behind us: not ours to yield to
                 g = d - hl - obs_r[j]
                 if g < best:
                     best = g
@@ -215,7 +216,8 @@ def traffic_step(
     # map
     offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax,
     # vehicles (modified in place)
-    lane, s, v, acc, path, grant, entered, wait, hl, hw, vdes, amax, bcomf,
+    lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
+    lcfrom,
     # lights
     light_state,
     # ego and walkers as obstacles
@@ -304,19 +306,29 @@ def traffic_step(
         for q in range(nr):
             keys[q] = -wait[req[q]] * 1000.0 + dstop[req[q]]
         order = np.argsort(keys)
+        claimed = np.empty(nr, np.int64)  # connectors of long waiters not granted this step
+        ncl = 0
         for q in range(nr):
             i = req[order[q]]
             c = nxt_c[i]
             ok = True
+            # no starving: nothing crossing the way of one that has waited long goes first
+            for q2 in range(ncl):
+                if conflict[c, claimed[q2]] == 1 or c == claimed[q2]:
+                    ok = False
+                    break
             for j in range(n):
                 if j == i:
                     continue
                 lj = lane[j]
-                if junction[lj] >= 0 and conflict[c, lj]:
+                # one that went ahead from our lane into a way through diverging from ours, far
+                # enough in for us to follow it (as a leader), does not block us
+                ahead = conflict[c, lj] == 2 and s[j] - hl[j] > 2.0 * hl[i] + s0
+                if junction[lj] >= 0 and conflict[c, lj] and not ahead:
                     ok = False
                     break
                 gj = grant[j]
-                if gj >= 0 and conflict[c, gj]:
+                if gj >= 0 and conflict[c, gj] and not (ahead and gj == lj):
                     ok = False
                     break
             if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
@@ -345,35 +357,54 @@ def traffic_step(
                     if not ok:
                         break
             if ok:
-                # room on the exit lane for this vehicle, counting those already granted into it
+                # room beyond the junction for this vehicle, counting those already granted into
+                # its exit: the free stretch along its path up to the first vehicle there (over
+                # as many short lanes as it takes, as far as the next junction)
                 k = nxt_k[i]
+                need = 2.0 * hl[i] + s0 + 1.0
                 if k + 1 < K and path[i, k + 1] >= 0:
                     e = path[i, k + 1]
-                    free = length[e]
-                    for j in range(n):
-                        if j == i:
-                            continue
-                        if lane[j] == e and s[j] - hl[j] < free:
-                            free = s[j] - hl[j]
+                    free = 0.0
+                    kk = k + 1
+                    blocked_at = INF
+                    while kk < K and path[i, kk] >= 0 and junction[path[i, kk]] < 0 and free < need:
+                        ln = path[i, kk]
+                        for j in range(n):
+                            if j != i and lane[j] == ln and free + s[j] - hl[j] < blocked_at:
+                                blocked_at = free + s[j] - hl[j]
+                        if ego_lane == ln and free + ego_s - ego_r < blocked_at:
+                            blocked_at = free + ego_s - ego_r
+                        if blocked_at < INF:
+                            break
+                        free += length[ln]
+                        kk += 1
+                    if blocked_at < free or blocked_at < INF:
+                        free = blocked_at
+                    elif free < need and (kk >= K or path[i, kk] < 0):
+                        free = INF  # the path ends (off its look-ahead): room enough
                     for j in range(n):
                         if j == i or grant[j] < 0:
                             continue
                         if lane[j] != e:
-                            for kk in range(K - 1):
-                                if path[j, kk] == grant[j] and path[j, kk + 1] == e:
+                            for q2 in range(K - 1):
+                                if path[j, q2] == grant[j] and path[j, q2 + 1] == e:
                                     free -= 2.0 * hl[j] + s0
                                     break
-                    if ego_lane == e and ego_s - ego_r < free:
-                        free = ego_s - ego_r
-                    if free < 2.0 * hl[i] + s0 + 1.0:
-                        ok = False
+                    if free < need:
+                        # a stretch shorter than a car to the next junction will do if it is empty
+                        short = kk < K and path[i, kk] >= 0 and junction[path[i, kk]] >= 0
+                        if not (short and blocked_at == INF and free >= 0.0):
+                            ok = False
             if ok:
                 grant[i] = c
                 entered[i] = False
                 wait[i] = 0.0
+            elif wait[i] > STARVE_WAIT:
+                claimed[ncl] = c
+                ncl += 1
     # ---- pass 3: IDM acceleration
     wbuf = np.empty((walker_xy.shape[0], 2))  # walkers near the vehicle under consideration
-    wrad = np.full(walker_xy.shape[0], 0.6)
+    wrad = np.full(walker_xy.shape[0], 0.9)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -384,17 +415,36 @@ def traffic_step(
             if l < 0 or cum > lookahead:
                 break
             for j in range(n):
-                if j == i or lane[j] != l:
+                if j == i:
                     continue
-                if k == 0 and s[j] <= s[i]:
+                sj = s[j]
+                if lane[j] != l:
+                    if junction[l] >= 0 and junction[lane[j]] >= 0 and conflict[l, lane[j]] == 2:
+                        pass  # on a way through that leaves l's lane with l: followed as on l
+                    elif lcfrom[j] == l and abs(lat[j]) >= 0.5:
+                        # changing lanes away from l and not yet across: still in our way
+                        sj = s[j] * length[l] / max(length[lane[j]], 1e-3)
+                    else:
+                        continue
+                if k == 0 and sj <= s[i]:
                     continue
-                g = cum + s[j] - hl[j] - hl[i]
+                g = cum + sj - hl[j] - hl[i]
                 if g < gap:
                     gap = g
                     vl = v[j]
             if gap < INF:
                 break
             cum += length[l]
+        # changing lanes and still partly on the old one: the vehicles ahead there count too
+        lo = lcfrom[i]
+        if lo >= 0 and abs(lat[i]) > 1.0:
+            so = s[i] * length[lo] / max(length[lane[i]], 1e-3)
+            for j in range(n):
+                if j != i and lane[j] == lo and s[j] > so:
+                    g = s[j] - so - hl[j] - hl[i]
+                    if g < gap:
+                        gap = g
+                        vl = v[j]
         # the ego on the path (by its lane) and by geometry
         if ego_lane >= 0:
             cum = -s[i]
@@ -440,12 +490,9 @@ def traffic_step(
                 gap = g
                 vl = 0.0
         # desired speed: class speed capped by this lane's and the next lane's curvature limit
-        v0 = vdes[i]
-        if lane_vmax[lane[i]] < v0:
-            v0 = lane_vmax[lane[i]]
+        v0 = _v0(vfac[i], vcap[i], lane_vmax[lane[i]])
         if K > 1 and path[i, 1] >= 0 and length[lane[i]] - s[i] < 20.0:
-            if lane_vmax[path[i, 1]] < v0:
-                v0 = lane_vmax[path[i, 1]]
+            v0 = min(v0, _v0(vfac[i], vcap[i], lane_vmax[path[i, 1]]))
         a = amax[i]
         b = bcomf[i]
         free = 1.0 - (v[i] / max(v0, 0.1)) ** 4
@@ -461,6 +508,11 @@ def traffic_step(
         acc[i] = ai
         if v[i] < 0.3 and nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
             wait[i] += dt
+        # standing time not explained by a red light ahead (the last-resort respawn's clock)
+        if v[i] >= 0.3 or light_block[i]:
+            stuck[i] = 0.0
+        else:
+            stuck[i] += dt
     # ---- pass 4: integrate, move along lanes, release grants
     for i in range(n):
         nv = v[i] + acc[i] * dt
@@ -492,9 +544,158 @@ def traffic_step(
                 grant[i] = -1
                 entered[i] = False
         x, y, h = lane_pose(offset, ds, length, pts, yaw, lane[i], s[i])
+        if lat[i] != 0.0:  # drifting over to the lane it changed to (1 m/s sideways at most)
+            step = max(0.3, min(1.0, 0.35 * v[i])) * dt
+            if abs(lat[i]) <= step:
+                lat[i] = 0.0
+                lcfrom[i] = -1
+            else:
+                lat[i] -= step if lat[i] > 0.0 else -step
+            x -= lat[i] * math.sin(h)
+            y += lat[i] * math.cos(h)
+            if lat[i] != 0.0 and v[i] > 2.0:  # turned a little towards the new lane
+                h += math.atan2(-(lat[i] / abs(lat[i])) * step / dt, v[i])
+        if lcfrom[i] >= 0 and lane[i] != lcfrom[i] and lat[i] == 0.0:
+            lcfrom[i] = -1
         xy[i, 0] = x
         xy[i, 1] = y
         heading[i] = h
+
+
+@nb.njit(cache=True, inline="always")
+def _v0(vfac, vcap, lane_vmax):
+    """Desired speed: the lane's limit (speed limit, curvature) times the vehicle's own factor
+    (its offset around the limit), at most its class's top speed."""
+    v0 = vfac * lane_vmax
+    return vcap if vcap < v0 else v0
+
+
+@nb.njit(cache=True, inline="always")
+def _idm(v, v0, gap, vl, a, b, s0, T):
+    free = 1.0 - (v / max(v0, 0.1)) ** 4
+    if gap >= INF:
+        return a * free
+    ss = s0 + max(0.0, v * T + v * (v - vl) / (2.0 * math.sqrt(a * b)))
+    return a * (free - (ss / max(gap, 0.05)) ** 2)
+
+
+@nb.njit(cache=True)
+def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
+    """On lane ``target``: (gap ahead of s_t, its speed, gap behind, follower's speed, follower)."""
+    ga, va, gb, vb, fb = INF, 0.0, INF, 0.0, -1
+    for j in range(n):
+        if j == skip or lane[j] != target:
+            continue
+        if s[j] >= s_t:
+            g = s[j] - s_t - hl[j]
+            if g < ga:
+                ga, va = g, v[j]
+        else:
+            g = s_t - s[j] - hl[j]
+            if g < gb:
+                gb, vb, fb = g, v[j], j
+    return ga, va, gb, vb, fb
+
+
+@nb.njit(cache=True)
+def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
+                 right_same, lane_vmax, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
+                 lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
+                 threshold, b_safe, xy):
+    """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
+    to a neighbouring lane of its direction when its IDM acceleration there beats the present one
+    by ``threshold`` plus ``politeness`` times what it costs the new follower, and the new
+    follower would not have to brake harder than ``b_safe``; never inside or within a few
+    seconds of a junction, never with a junction grant, at most once per 4 s. A standing leader
+    makes the present acceleration strongly negative, so vehicles pass stopped ones where a lane
+    is free. The vehicle keeps a lateral offset that it drives off at up to 1 m/s; the follower on
+    the lane it left keeps it as a leader until it is across. Returns the number of changes."""
+    n = lane.shape[0]
+    K = path.shape[1]
+    changes = 0
+    for i in range(n):
+        lc_timer[i] += dt
+        li = lane[i]
+        if lc_timer[i] < 4.0 or lat[i] != 0.0 or grant[i] >= 0 or junction[li] >= 0:
+            continue
+        rest = length[li] - s[i]
+        if rest < 12.0 + 4.0 * v[i] or s[i] < 2.0 * hl[i]:
+            continue
+        v0 = _v0(vfac[i], vcap[i], lane_vmax[li])
+        # present situation: leader on the lane path ahead (within this lane), and our follower
+        ga, va, gb, vb, fb = _neighbours_on(lane, s, v, hl, n, li, s[i] + hl[i], i)
+        if ego_lane == li and ego_s > s[i] and ego_s - s[i] - hl[i] - 2.5 < ga:
+            ga, va = ego_s - s[i] - hl[i] - 2.5, ego_v
+        a_cur = _idm(v[i], v0, ga, va, amax[i], bcomf[i], s0, T)
+        best_gain = threshold
+        best = -1
+        best_s = 0.0
+        for side in range(2):
+            nb_ = left[li] if side == 0 else right[li]
+            same = left_same[li] if side == 0 else right_same[li]
+            if nb_ < 0 or not same or junction[nb_] >= 0:
+                continue
+            ratio = length[nb_] / max(length[li], 1e-3)
+            st = s[i] * ratio
+            if length[nb_] - st < 12.0 + 4.0 * v[i]:
+                continue
+            na, nva, nbk, nvb, nf = _neighbours_on(lane, s, v, hl, n, nb_, st + hl[i], i)
+            nbk -= 2.0 * hl[i]  # gaps measured from our front; behind: from our rear
+            # the ego on that lane (by its lane), or near where we would be
+            if ego_lane == nb_:
+                d = ego_s - st
+                if d >= 0.0:
+                    g = d - hl[i] - 2.5
+                    if g < na:
+                        na, nva = g, ego_v
+                else:
+                    g = -d - hl[i] - 2.5
+                    if g < 2.0 + ego_v * 1.5:
+                        continue
+            x, y, _ = lane_pose(offset, ds, length, pts, yaw, nb_, st)
+            if (x - ego_xy[0]) ** 2 + (y - ego_xy[1]) ** 2 < (2.5 * hl[i] + 5.0) ** 2:
+                continue
+            if na < s0 + 0.5 * v[i] or nbk < s0:
+                continue
+            a_new = _idm(v[i], _v0(vfac[i], vcap[i], lane_vmax[nb_]), na, nva, amax[i], bcomf[i], s0, T)
+            cost = 0.0
+            if nf >= 0:
+                a_f_new = _idm(vb if nf < 0 else v[nf], _v0(vfac[nf], vcap[nf], lane_vmax[nb_]), nbk, v[i],
+                               amax[nf], bcomf[nf], s0, T)
+                if a_f_new < -b_safe:
+                    continue
+                a_f_old = _idm(v[nf], _v0(vfac[nf], vcap[nf], lane_vmax[nb_]), nbk + 2.0 * hl[i] + na,
+                               nva, amax[nf], bcomf[nf], s0, T)
+                cost = a_f_old - a_f_new
+            gain = a_new - a_cur - politeness * cost
+            if gain > best_gain:
+                best_gain, best, best_s = gain, nb_, st
+        if best < 0:
+            continue
+        # switch: keep where we are (a lateral offset onto the new lane), re-draw the path on
+        x0, y0 = xy[i, 0], xy[i, 1]
+        x, y, h = lane_pose(offset, ds, length, pts, yaw, best, best_s)
+        lat[i] = -(x0 - x) * math.sin(h) + (y0 - y) * math.cos(h)
+        lcfrom[i] = li
+        lane[i] = best
+        s[i] = best_s
+        lc_timer[i] = 0.0
+        path[i, 0] = best
+        r = rnd[i]
+        for k in range(1, K):
+            last = path[i, k - 1]
+            ns = 0
+            for q in range(succ.shape[1]):
+                if succ[last, q] >= 0:
+                    ns += 1
+            if ns == 0:
+                for kk in range(k, K):
+                    path[i, kk] = -1
+                break
+            r = (r * 7.0) % 1.0
+            path[i, k] = succ[last, min(int(r * ns), ns - 1)]
+        changes += 1
+    return changes
 
 
 @nb.njit(cache=True)

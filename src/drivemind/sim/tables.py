@@ -3,15 +3,17 @@ junction conflict matrix, curvature speed limits, traffic-light groups, walker c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..maps.roadmap import RoadMap
 
 
-def conflict_matrix(rm: RoadMap, dist: float) -> np.ndarray:
-    """conflict[a, b]: junction lanes a and b (same junction, a != b) come within ``dist`` m."""
+def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None) -> np.ndarray:
+    """conflict[a, b] (int8, nonzero: conflict): junction lanes a and b (same junction, a != b)
+    come within ``dist`` m, directly or through the lanes chained to them (see
+    :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane."""
     L = rm.n_lanes
     out = np.zeros((L, L), np.bool_)
     for j in rm.junction_ids:
@@ -23,6 +25,62 @@ def conflict_matrix(rm: RoadMap, dist: float) -> np.ndarray:
                 d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
                 if d2.min() < dist * dist:
                     out[lanes[ia], lanes[ib]] = out[lanes[ib], lanes[ia]] = True
+    succ = rm.succ if succ is None else succ
+    return _mark_siblings(rm, _chain_conflicts(rm, out, succ), succ)
+
+
+def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndarray:
+    """A way through a junction can be several lanes in a row (a connecting road with several
+    lane sections); a vehicle holds it as a whole. So lanes linked within one junction form one
+    chain, and two junction lanes conflict when anything of their chains does (and two lanes of
+    one chain conflict with each other)."""
+    L = rm.n_lanes
+    parent = np.arange(L)
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for a in range(L):
+        if rm.junction[a] < 0:
+            continue
+        for b in succ[a][succ[a] >= 0]:
+            if rm.junction[b] == rm.junction[a]:
+                ra, rb = find(a), find(int(b))
+                if ra != rb:
+                    parent[ra] = rb
+    jl = np.flatnonzero(rm.junction >= 0)
+    if not len(jl):
+        return base
+    roots = np.array([find(a) for a in jl])
+    _, comp = np.unique(roots, return_inverse=True)
+    M = np.zeros((len(jl), comp.max() + 1), np.int32)
+    M[np.arange(len(jl)), comp] = 1
+    sub = base[np.ix_(jl, jl)].astype(np.int32)
+    cc = (M.T @ sub @ M) > 0
+    np.fill_diagonal(cc, True)
+    full = (M @ cc.astype(np.int32) @ M.T) > 0
+    np.fill_diagonal(full, False)
+    out = base.copy()
+    out[np.ix_(jl, jl)] = full
+    return out
+
+
+def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray) -> np.ndarray:
+    """conflict as int8: 1 where two junction lanes conflict, 2 where they are the first lanes of
+    two ways through that leave the same lane (they overlap where they start and then diverge: a
+    vehicle may follow another into them, as into one lane, rather than wait until it is out)."""
+    out = conflict.astype(np.int8)
+    for a in range(rm.n_lanes):
+        if rm.junction[a] >= 0:
+            continue
+        first = [int(b) for b in succ[a][succ[a] >= 0] if rm.junction[b] >= 0]
+        for x in first:
+            for y in first:
+                if x != y and out[x, y]:
+                    out[x, y] = 2
     return out
 
 
@@ -52,7 +110,8 @@ class LightTable:
     signalised: np.ndarray  # junction ids
 
 
-def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0) -> LightTable:
+def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0,
+                succ: np.ndarray | None = None) -> LightTable:
     """Traffic lights: every incoming road of a signalised junction gets one light.
 
     A junction is signalised if ``mode == 'all'`` and it has 3+ incoming roads, or if
@@ -60,12 +119,13 @@ def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0) -> LightT
     of it. Lights of one junction turn green one incoming road at a time.
     """
     L = rm.n_lanes
+    succ = rm.succ if succ is None else succ
     lane_light = np.full(L, -1, np.int64)
     incoming: dict[int, dict[int, list[int]]] = {}
     for lane in range(L):
         if rm.junction[lane] >= 0:
             continue
-        for n in rm.successors(lane):
+        for n in succ[lane][succ[lane] >= 0]:
             j = int(rm.junction[n])
             if j >= 0:
                 incoming.setdefault(j, {}).setdefault(rm.keys[lane][0], []).append(lane)
@@ -107,18 +167,19 @@ def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0) -> LightT
                       np.array(sig, np.int64))
 
 
-def crossing_sites(rm: RoadMap) -> tuple[np.ndarray, np.ndarray]:
+def crossing_sites(rm: RoadMap, succ: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Places where walkers cross: (sites (S, 2, 2) kerb-to-kerb segments, at_junction (S,) bool).
 
     One site where each road meets a junction (a crosswalk) and one mid-block on long roads.
     A site spans every lane of the road, found geometrically (parallel or anti-parallel lane
     points beside the anchor), and ends 1 m beyond the outer lane edges.
     """
+    succ = rm.succ if succ is None else succ
     anchors = []
     for lane in range(rm.n_lanes):
         if rm.junction[lane] >= 0:
             continue
-        to_junction = any(rm.junction[n] >= 0 for n in rm.successors(lane))
+        to_junction = any(rm.junction[n] >= 0 for n in succ[lane][succ[lane] >= 0])
         if to_junction and rm.length[lane] > 8.0:
             anchors.append((lane, rm.length[lane] - 4.0, True))
         if rm.length[lane] > 40.0:
@@ -140,10 +201,69 @@ def crossing_sites(rm: RoadMap) -> tuple[np.ndarray, np.ndarray]:
         mid = np.array([x, y]) + n * (lo + hi) / 2
         if any(np.hypot(*(mid - m)) < 4.0 for m in mids):
             continue
+        ends = np.array([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
+        if any(_on_a_lane(rm, e) for e in ends):
+            continue  # a kerb end on some lane (a wider road than we saw, a road passing over)
         mids.append(mid)
-        sites.append([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
+        sites.append(ends.tolist())
         at_j.append(isj)
     return np.array(sites, float).reshape(-1, 2, 2), np.array(at_j, bool)
+
+
+def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3) -> bool:
+    """Whether point p lies on a lane (within its half width + ``margin`` of a centre point)."""
+    d = np.hypot(rm.pts[:, 0] - p[0], rm.pts[:, 1] - p[1]) - rm.width / 2
+    return bool(d.min() < margin)
+
+
+def traffic_successors(rm: RoadMap, max_gap: float = 2.5, min_cos: float = 0.9) -> np.ndarray:
+    """The map's successor table (L, S), plus geometric continuations of dead ends.
+
+    Exported OpenDRIVE networks often leave a lane with no successor although another lane starts
+    where it ends (a link to a lane section the loader skipped as too short, an unlinked road
+    border). Traffic following the links would stop there for good, so a lane without successors
+    gets the lanes starting within ``max_gap`` m of its end (the nearest ones, within 0.5 m of the
+    nearest) heading the same way (cos of the heading difference above ``min_cos``). Lanes with
+    no such continuation stay dead ends."""
+    L = rm.n_lanes
+    lists = [list(rm.successors(i)) for i in range(L)]
+    dead = [i for i in range(L) if not lists[i]]
+    if dead:
+        first = rm.offset[:-1]
+        starts, syaw = rm.pts[first], rm.yaw[first]
+        for i in dead:
+            e = rm.offset[i + 1] - 1
+            d = np.hypot(starts[:, 0] - rm.pts[e, 0], starts[:, 1] - rm.pts[e, 1])
+            ok = (d < max_gap) & (np.cos(syaw - rm.yaw[e]) > min_cos)
+            ok[i] = False
+            if ok.any():
+                near = d[ok].min() + 0.5
+                lists[i] = [int(j) for j in np.flatnonzero(ok & (d <= near))]
+    out = np.full((L, max(1, max(len(x) for x in lists))), -1, np.int64)
+    for i, x in enumerate(lists):
+        out[i, :len(x)] = x
+    return out
+
+
+def linked_roadmap(rm: RoadMap) -> RoadMap:
+    """``rm`` with :func:`traffic_successors`' links (and the predecessors they imply), for
+    planning routes the way the traffic drives; the same lanes and indices. Cached on ``rm``."""
+    view = rm.__dict__.get("_linked_view")
+    if view is None:
+        succ = traffic_successors(rm)
+        if np.array_equal(succ, rm.succ):
+            view = rm
+        else:
+            preds: list[list[int]] = [[] for _ in range(rm.n_lanes)]
+            for a in range(rm.n_lanes):
+                for b in succ[a][succ[a] >= 0]:
+                    preds[int(b)].append(a)
+            pred = np.full((rm.n_lanes, max(1, max(len(p) for p in preds))), -1, np.int64)
+            for b, p in enumerate(preds):
+                pred[b, :len(p)] = sorted(set(p))
+            view = replace(rm, succ=succ, pred=pred)
+        rm.__dict__["_linked_view"] = view
+    return view
 
 
 def traffic_tables(rm: RoadMap, traffic) -> dict:
@@ -151,12 +271,14 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     cache = rm.__dict__.setdefault("_traffic_tables", {})
     key = (traffic.conflict_distance, traffic.speed_limit_kmh, traffic.lateral_accel, traffic.signals)
     if key not in cache:
-        sites, at_j = crossing_sites(rm)
+        succ = traffic_successors(rm)
+        sites, at_j = crossing_sites(rm, succ)
         cache[key] = dict(
-            conflict=conflict_matrix(rm, traffic.conflict_distance),
+            conflict=conflict_matrix(rm, traffic.conflict_distance, succ),
             vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
-            lights=light_table(rm, traffic.signals),
+            lights=light_table(rm, traffic.signals, succ=succ),
             sites=sites,
             site_at_junction=at_j,
+            succ=succ,
         )
     return cache[key]

@@ -5,14 +5,16 @@
     snap = world.step((steer, throttle_brake))
 
 Ego: kinematic bicycle. Background vehicles (cars, motorcycles, bicycles): IDM along lane paths
-with random turns, junction reservations (a connector is entered only when no conflicting
-connector is occupied or reserved and the exit has room), and traffic lights that give one
-incoming road green at a time. Walkers cross at junctions and mid-block with gap acceptance.
-The same seed gives the same trajectories.
+with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, junction
+reservations (a connector is entered only when no conflicting connector is occupied or reserved
+and the exit has room; long waiters are not starved), traffic lights that give one incoming road
+green at a time, and as a last resort a respawn of a vehicle standing too long. Walkers cross at
+junctions and mid-block with gap acceptance. The same seed gives the same trajectories.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -25,12 +27,15 @@ from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState,
                        WorldSnapshot)
 from .tables import traffic_tables
 
-PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
+log = logging.getLogger(__name__)
 
-# per class: half length, half width, desired speed range (m/s), max accel, comfortable decel
+PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
+LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1 s)
+
+# per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
-    ActorClass.CAR: ((2.15, 2.45), (0.9, 1.0), (7.0, 9.5), 2.0, 3.0),
-    ActorClass.MOTORCYCLE: ((1.05, 1.15), (0.4, 0.5), (7.0, 9.5), 3.0, 3.5),
+    ActorClass.CAR: ((2.15, 2.45), (0.9, 1.0), (30.0, 30.0), 2.0, 3.0),
+    ActorClass.MOTORCYCLE: ((1.05, 1.15), (0.4, 0.5), (30.0, 30.0), 3.0, 3.5),
     ActorClass.BICYCLE: ((0.85, 0.95), (0.3, 0.4), (3.5, 5.5), 1.0, 2.0),
 }
 WALKER_EXTENT = (0.3, 0.3)
@@ -62,9 +67,14 @@ class LiteWorld:
         self.conflict = tab["conflict"]
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
+        # any lane with a neighbour of its own direction (else no lane changes to consider)
+        self._multilane = bool(np.any((roadmap.left >= 0) & roadmap.left_same_dir)
+                               or np.any((roadmap.right >= 0) & roadmap.right_same_dir))
+        self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
         self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
         self._grid = lane_grid(roadmap)
-        self._ego_jlanes = np.full(16, -1, np.int64)  # junction lanes the ego may be on
+        self._ego_jlanes = np.full(16, -1, np.int64)
+        self._ego_lane = -1  # junction lanes the ego may be on
         self._lane_junction, self._lane_length = roadmap.junction.tolist(), roadmap.length.tolist()
         self._m = (roadmap.offset, roadmap.ds, roadmap.length, roadmap.pts, roadmap.yaw)
         self.frame = 0
@@ -74,6 +84,8 @@ class LiteWorld:
         self._npc_contacts: set[int] = set()
         self._static_contact = False
         self.npc_collision_total = 0
+        self.npc_respawns = 0  # vehicles moved by the last-resort respawn
+        self.npc_max_stuck_s = 0.0  # longest standing time of a vehicle not at a red light
         self.spawned = dict(vehicles=0, motorcycles=0, bicycles=0, walkers=0)
 
     # ------------------------------------------------------------------ reset
@@ -107,6 +119,8 @@ class LiteWorld:
         self._npc_contacts.clear()
         self._static_contact = False
         self.npc_collision_total = 0
+        self.npc_respawns = 0
+        self.npc_max_stuck_s = 0.0
         self._actors = self._actor_arrays()
         return self._snapshot([], 0)
 
@@ -138,26 +152,67 @@ class LiteWorld:
         self.v_grant = np.full(n, -1, np.int64)  # reserved junction connector
         self.v_entered = np.zeros(n, np.bool_)  # already on its reserved connector
         self.v_wait = np.zeros(n)
-        self.v_hl, self.v_hw, self.v_vdes = np.zeros(n), np.zeros(n), np.zeros(n)
+        self.v_stuck = np.zeros(n)  # s standing, not at a red light
+        self.v_lat = np.zeros(n)  # m off the lane centre (right +) while changing lanes
+        self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
+        self.v_lctimer = np.zeros(n)  # s since its last lane change
+        self.lane_change_total = 0
+        self.v_hl, self.v_hw, self.v_vcap = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
+        # each vehicle's own offset around the lane's limit (as the Traffic Manager's per-vehicle
+        # speed difference)
+        self.v_vfac = 1.0 + rng.uniform(*cfg.traffic.speed_offset, size=n)
         for i, c in enumerate(want):
             hl, hw, vd, a, b = CLASS_PARAMS[c]
             self.v_hl[i], self.v_hw[i] = rng.uniform(*hl), rng.uniform(*hw)
-            self.v_vdes[i], self.v_amax[i], self.v_b[i] = rng.uniform(*vd), a, b
+            self.v_vcap[i], self.v_amax[i], self.v_b[i] = rng.uniform(*vd), a, b
         self.v_path = np.full((n, PATH_LEN), -1, np.int64)
         for i in range(n):
-            lane = int(self.v_lane[i])
-            self.v_path[i, 0] = lane
-            for k in range(1, PATH_LEN):
-                nxt = rm.successors(lane)
-                if len(nxt) == 0:
-                    break
-                lane = int(nxt[rng.integers(len(nxt))])
-                self.v_path[i, k] = lane
+            self._fill_path(i)
         self.v_id = np.arange(1, n + 1, dtype=np.int64)
         self.v_xy = np.zeros((n, 2))
         self.v_yaw = np.zeros(n)
         K.poses(*self._m, self.v_lane, self.v_s, self.v_xy, self.v_yaw)
+
+    def _fill_path(self, i: int) -> None:
+        """Vehicle i's path: its lane, then random successors."""
+        lane = int(self.v_lane[i])
+        self.v_path[i] = -1
+        self.v_path[i, 0] = lane
+        for k in range(1, PATH_LEN):
+            nxt = self.succ[lane][self.succ[lane] >= 0]
+            if len(nxt) == 0:
+                break
+            lane = int(nxt[self.rng.integers(len(nxt))])
+            self.v_path[i, k] = lane
+
+    def _respawn_stuck(self) -> None:
+        """Last resort, as SUMO's teleport: a vehicle standing longer than ``stuck_respawn``
+        seconds (not at a red light) is moved to a free spawn point away from the ego, counted in
+        ``npc_respawns`` and logged."""
+        limit = self.cfg.traffic.stuck_respawn
+        if limit is None or not len(self.v_stuck):
+            return
+        for i in np.flatnonzero(self.v_stuck > limit):
+            rm, gap = self.map, self.cfg.traffic.spawn_gap
+            far = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"]) > 40.0
+            d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
+                         rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
+            free = np.flatnonzero(far & (d >= gap))
+            if not len(free):
+                continue  # nowhere to go now; try again next step
+            k = int(free[self.rng.integers(len(free))])
+            old = (self.map.keys[int(self.v_lane[i])], round(float(self.v_s[i]), 1))
+            self.v_lane[i], self.v_s[i] = int(rm.spawn_lane[k]), float(rm.spawn_s[k])
+            self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
+            self.v_grant[i], self.v_entered[i] = -1, False
+            self.v_lat[i], self.v_lcfrom[i], self.v_lctimer[i] = 0.0, -1, 0.0
+            self._fill_path(i)
+            x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
+            self.v_xy[i], self.v_yaw[i] = (x, y), h
+            self.npc_respawns += 1
+            log.info("t=%.1f s: vehicle %d stood %.0f s at lane %s s=%s; respawned at spawn point %d",
+                     self.time, int(self.v_id[i]), limit, old[0], old[1], k)
 
     def _spawn_walkers(self):
         rng, cfg = self.rng, self.cfg
@@ -199,6 +254,7 @@ class LiteWorld:
         p = nearest_point(*self._grid.args(), self.map.pts, self.map.yaw, e["x"], e["y"], e["yaw"],
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
+        self._ego_lane = ego_lane
         # in a junction, where connectors overlap, the ego may be on any of several
         nj = 0
         if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
@@ -207,13 +263,24 @@ class LiteWorld:
                                        self.map.point_lane, self.map.junction, e["x"], e["y"],
                                        e["yaw"], math.pi / 4, 2.0, self._ego_jlanes)
         n = len(self.v_lane)
+        if n and tp.lane_changes and self._multilane and self.frame % LC_EVERY == 0:
+            rm = self.map
+            self.lane_change_total += K.lane_changes(
+                dt * LC_EVERY, *self._m, rm.junction, self.succ, rm.left, rm.right, rm.left_same_dir,
+                rm.right_same_dir, self.lane_vmax, self.v_lane, self.v_s, self.v_v, self.v_acc,
+                self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
+                self.v_amax, self.v_b,
+                self.v_lat, self.v_lcfrom, self.v_lctimer, np.array([e["x"], e["y"]]), ego_lane,
+                ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
+                tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
         if n:
             K.traffic_step(
-                dt, self.time, *self._m, self.map.junction, self.map.succ, self.conflict,
+                dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
                 self.lights.lane_light, self.lane_vmax,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
-                self.v_entered, self.v_wait,
-                self.v_hl, self.v_hw, self.v_vdes, self.v_amax, self.v_b,
+                self.v_entered, self.v_wait, self.v_stuck,
+                self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_b, self.v_lat,
+                self.v_lcfrom,
                 self.light_state,
                 np.array([e["x"], e["y"]]), e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj,
@@ -222,6 +289,12 @@ class LiteWorld:
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw,
             )
+        if n:
+            m = float(self.v_stuck.max())
+            if m > self.npc_max_stuck_s:
+                self.npc_max_stuck_s = m
+            if tp.stuck_respawn is not None and m > tp.stuck_respawn:
+                self._respawn_stuck()
         if len(self.w_xy):
             veh_xy = np.concatenate([self.v_xy, [[e["x"], e["y"]]]])
             veh_v = np.concatenate([self.v_v, [e["v"]]])
@@ -279,6 +352,9 @@ class LiteWorld:
                             ext, buf)
         now = set()
         for j in buf[:k]:
+            if j < len(self.v_lane) and self._grade_separated(self._ego_lane, e["yaw"],
+                                                              int(self.v_lane[j]), float(yaw[j])):
+                continue
             aid = int(ids[j])
             now.add(aid)
             if aid not in self._ego_contacts:
@@ -299,11 +375,24 @@ class LiteWorld:
             self._static_contact = off
         pbuf = np.empty(64, np.int64)
         npair = K.pairwise_overlaps(pos, yaw, ext, int(ActorClass.WALKER), cls, pbuf)
-        pairs = set(pbuf[:min(npair, 64)].tolist())
+        nall, nv = len(pos), len(self.v_lane)
+        pairs = set()
+        for pr in pbuf[:min(npair, 64)].tolist():
+            i, j = divmod(pr, nall)
+            if not (j < nv and self._grade_separated(int(self.v_lane[i]), float(yaw[i]),
+                                                     int(self.v_lane[j]), float(yaw[j]))):
+                pairs.add(pr)
         new = len(pairs - self._npc_contacts)
         self._npc_contacts = pairs
         self.npc_collision_total += new
         return events, new
+
+    def _grade_separated(self, la: int, ya: float, lb: int, yb: float) -> bool:
+        """Two boxes overlapping in plan view on roads that cross outside any junction: one
+        passes over the other (a bridge; the map is flat here), so it is no collision."""
+        if la < 0 or lb < 0 or self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
+            return False
+        return abs(math.cos(ya - yb)) < 0.7
 
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:

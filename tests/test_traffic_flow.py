@@ -1,0 +1,143 @@
+"""Traffic that keeps flowing: dead-end links, last-resort respawn, no gridlock or NPC collisions
+on real CARLA towns, determinism with respawns."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from drivemind.maps import load_town
+from drivemind.maps.opendrive import load_xodr_file
+from drivemind.maps.roadmap import LaneRecord, build_roadmap
+from drivemind.sim import SimConfig, density_config
+from drivemind.sim.config import TrafficParams
+from drivemind.sim.tables import traffic_successors
+from drivemind.sim.world import LiteWorld
+
+
+def _lane(key, x0, x1, y=0.0, succ=()):
+    xs = np.linspace(x0, x1, 30)
+    n = len(xs)
+    return LaneRecord(key=key, points=np.stack([xs, np.full(n, y)], 1), width=np.full(n, 3.5),
+                      mark_left=np.zeros(n, np.uint8), mark_right=np.zeros(n, np.uint8),
+                      junction=-1, successors=list(succ))
+
+
+def test_dead_end_lane_gets_its_geometric_continuation():
+    # A ends at x=50 with no link; B starts 0.6 m further on; C starts beside B, a lane over
+    rm = build_roadmap("t", [_lane((1, 0, -1), 0, 50), _lane((2, 0, -1), 50.6, 100),
+                             _lane((3, 0, -1), 50.0, 100, y=3.5), _lane((4, 0, -1), 100.5, 150,
+                                                                       succ=[(1, 0, -1)])])
+    a, b, c = (rm.key_index[k] for k in ((1, 0, -1), (2, 0, -1), (3, 0, -1)))
+    assert len(rm.successors(a)) == 0
+    succ = traffic_successors(rm)
+    assert succ[a][succ[a] >= 0].tolist() == [b]  # not the lane beside it
+    d = rm.key_index[(4, 0, -1)]
+    assert succ[d][succ[d] >= 0].tolist() == [a]  # a linked lane keeps its links
+
+
+def test_stuck_vehicle_is_respawned_counted_and_logged(caplog):
+    cfg = SimConfig(vehicles=1, traffic=TrafficParams(signals="none", stuck_respawn=5.0))
+    world = LiteWorld(load_town("grid"), cfg)
+    world.reset(seed=3, ego_pose=(1e4, 1e4, 0.0))
+    # park the ego 8 m ahead of the vehicle on its lane: it stops behind and stands there
+    lane, s = int(world.v_lane[0]), float(world.v_s[0])
+    rm = world.map
+    s_ego = min(s + 8.0, float(rm.length[lane]) - 0.5)
+    x, y, h = rm.pose_at(lane, s_ego)
+    world.ego.update(x=x, y=y, yaw=h, v=0.0)
+    start = world.v_xy[0].copy()
+    with caplog.at_level(logging.INFO, logger="drivemind.sim.world"):
+        for _ in range(80):  # 8 s
+            world.step((0.0, -1.0))
+    assert world.npc_respawns == 1
+    assert world.npc_max_stuck_s > 5.0
+    assert np.hypot(*(world.v_xy[0] - start)) > 20.0  # moved elsewhere
+    assert any("respawned" in r.getMessage() for r in caplog.records)
+
+
+def test_no_respawn_when_disabled():
+    cfg = SimConfig(vehicles=1, traffic=TrafficParams(signals="none", stuck_respawn=None))
+    world = LiteWorld(load_town("grid"), cfg)
+    world.reset(seed=3, ego_pose=(1e4, 1e4, 0.0))
+    lane, s = int(world.v_lane[0]), float(world.v_s[0])
+    x, y, h = world.map.pose_at(lane, min(s + 8.0, float(world.map.length[lane]) - 0.5))
+    world.ego.update(x=x, y=y, yaw=h, v=0.0)
+    for _ in range(80):
+        world.step((0.0, -1.0))
+    assert world.npc_respawns == 0 and world.npc_max_stuck_s > 5.0
+
+
+def _run(rm, cfg, seed, steps):
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=seed, ego_pose=(1e5, 1e5, 0.0))  # the ego out of the way
+    speed = 0.0
+    for _ in range(steps):
+        world.step((0.0, 0.0))
+        speed += float(world.v_v.mean())
+    return world, 3.6 * speed / steps
+
+
+@pytest.mark.parametrize("town", ["Town03", "Town05"])
+def test_dense_traffic_flows_without_collisions_on_carla_towns(shared_maps, town):
+    # Town03 locked up entirely (dead-end links, exit lanes shorter than a car) and collided in
+    # junctions whose connecting roads have several lane sections; Town05 counted vehicles
+    # crossing over bridges as collisions
+    path = shared_maps / f"{town}.xodr"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    world, kmh = _run(load_xodr_file(path), density_config("dense"), 0, 1500)
+    assert world.npc_collision_total == 0
+    assert kmh > 12.0
+    assert (world.v_v < 0.1).mean() < 0.5
+    assert world.npc_max_stuck_s < 90.0
+
+
+def test_same_seed_same_traffic_with_respawns(shared_maps):
+    path = shared_maps / "Town03.xodr"
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    rm = load_xodr_file(path)
+    cfg = density_config("dense", replace(SimConfig(), traffic=TrafficParams(stuck_respawn=3.0)))
+    a, _ = _run(rm, cfg, 7, 400)
+    b, _ = _run(rm, cfg, 7, 400)
+    assert a.npc_respawns > 0  # the short limit makes respawns happen
+    assert a.npc_respawns == b.npc_respawns
+    assert np.array_equal(a.v_xy, b.v_xy) and np.array_equal(a.v_lane, b.v_lane)
+
+
+def _two_lane_road():
+    a = _lane((1, 0, -1), 0, 300)
+    b = _lane((1, 0, -2), 0, 300, y=3.5)  # y grows to the right: -2 is the right lane
+    a.right, b.left = (1, 0, -2), (1, 0, -1)
+    return build_roadmap("two_lanes", [a, b])
+
+
+@pytest.mark.parametrize("lane_changes", [True, False])
+def test_vehicle_changes_lane_to_pass_a_standing_one(lane_changes):
+    rm = _two_lane_road()
+    cfg = SimConfig(vehicles=1, offroad_margin=None,
+                    traffic=TrafficParams(signals="none", lane_changes=lane_changes,
+                                          stuck_respawn=None))
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=0, ego_pose=(1e4, 1e4, 0.0))
+    left = rm.key_index[(1, 0, -1)]
+    world.v_lane[0], world.v_s[0], world.v_v[0] = left, 40.0, 5.0
+    world.v_path[0] = -1
+    world.v_path[0, 0] = left
+    world.ego.update(x=150.0, y=0.0, yaw=0.0, v=0.0)  # standing in the left lane
+    events = []
+    for _ in range(400):  # 40 s
+        snap = world.step((0.0, -1.0))
+        events += snap.collisions
+        assert snap.npc_collisions == 0
+    assert not events
+    if lane_changes:
+        assert world.lane_change_total >= 1
+        assert world.v_xy[0, 0] > 160.0  # went past the standing ego in the right lane
+        assert abs(world.v_xy[0, 1] - 3.5) < 0.05 and world.v_lat[0] == 0.0
+    else:
+        assert world.lane_change_total == 0 and world.v_xy[0, 0] < 150.0
