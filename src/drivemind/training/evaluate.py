@@ -39,6 +39,12 @@ def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "
     cls = {"sac": DriveSAC, "ppo": DrivePPO}[cfg["algo"]["name"]]
     model = cls.load(path, device=device)
     model.policy.set_training_mode(False)
+    return _frozen_policy(model, run_dir, cfg), model
+
+
+def _frozen_policy(model, run_dir: Path, cfg: dict):
+    """A callable obs -> deterministic action of ``model`` (gradients off), carrying the model,
+    the run's config and its observation signature."""
     for p in model.policy.parameters():
         p.requires_grad_(False)
 
@@ -51,7 +57,7 @@ def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "
     policy.config = cfg
     policy.obs_signature = json.loads((run_dir / "obs_signature.json").read_text()) \
         if (run_dir / "obs_signature.json").exists() else None
-    return policy, model
+    return policy
 
 
 def _load_minddrive(run_dir: Path, path, cfg: dict):
@@ -60,19 +66,8 @@ def _load_minddrive(run_dir: Path, path, cfg: dict):
     from ..agents.minddrive import MindDriveAgent
 
     model = MindDriveAgent.load(path)
-    for p in model.policy.parameters():
-        p.requires_grad_(False)
-
-    def policy(obs):
-        with th.no_grad():
-            action, _ = model.predict(obs, deterministic=True)
-        return np.asarray(action, np.float32)
-
+    policy = _frozen_policy(model, run_dir, cfg)
     policy.observe = model.observe
-    policy.model = model
-    policy.config = cfg
-    policy.obs_signature = json.loads((run_dir / "obs_signature.json").read_text()) \
-        if (run_dir / "obs_signature.json").exists() else None
     return policy, model
 
 
