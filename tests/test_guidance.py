@@ -170,6 +170,12 @@ def test_buffer_stores_suggestions_and_mask_and_writes_back_by_slot():
     np.testing.assert_array_equal(m.numpy().ravel(), buf.guide_mask.reshape(-1)[slots])
     np.testing.assert_allclose(act.numpy(), buf.guide_actions.reshape(-1, 2)[slots])
     np.testing.assert_allclose(data.actions.numpy(), buf.actions.reshape(-1, 2)[slots])
+    # an answer for a slot overwritten since it was asked for is dropped (stamps)
+    stamps = buf.guidance_stamps(np.array([5, 6]))
+    buf.guide_stamp[6, 0] += 1  # as if slot 6 had been written again
+    assert buf.set_guidance(np.array([5, 6]), np.array([[0.1, 0.2], [0.3, 0.4]]), stamps=stamps) == 1
+    np.testing.assert_allclose(buf.guide_actions[5, 0], [0.1, 0.2])
+    assert not np.allclose(buf.guide_actions[6, 0], [0.3, 0.4])
     plain = RelabelReplayBuffer(8, buf.observation_space, buf.action_space, device="cpu")
     with pytest.raises(ValueError, match="guidance=True"):
         plain.set_guidance(np.array([0]), np.zeros((1, 2)))

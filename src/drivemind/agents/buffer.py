@@ -152,6 +152,10 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.guidance = bool(guidance)
         self.guide_actions = np.zeros((n, e, self.action_dim), np.float32) if self.guidance else None
         self.guide_mask = np.zeros((n, e), np.uint8) if self.guidance else None
+        # which write of the slot a suggestion belongs to: an asynchronous answer for a slot that
+        # has been overwritten since it was asked for is dropped (``set_guidance(stamps=...)``)
+        self.guide_stamp = np.zeros((n, e), np.int64) if self.guidance else None
+        self._writes = 0
         self.keep_views, self.max_views = bool(keep_views), int(max_views)
         self.views: dict[int, np.ndarray] = {}  # pending slot -> forward camera frame (HxWx3 uint8)
         self.views_dropped = 0
@@ -171,7 +175,7 @@ class RelabelReplayBuffer(ReplayBuffer):
                   self.rewards, self.dones, self.timeouts, self.facts, self.labels,
                   *self.columns.values()]
         arrays += [a for a in (self.embeddings, self.obs_embeddings, self.view_embeddings,
-                               self.guide_actions, self.guide_mask) if a is not None]
+                               self.guide_actions, self.guide_mask, self.guide_stamp) if a is not None]
         side = sum(v.nbytes for d in self.terminal.values() for v in d.values())
         side += sum(v.nbytes for v in self.views.values())
         side += sum(v.nbytes for v in self.raw.values())
@@ -273,6 +277,8 @@ class RelabelReplayBuffer(ReplayBuffer):
     def _store_guidance(self, row: int, env: int, info: dict) -> None:
         """The suggested action of this transition from its facts (the privileged teacher), or
         mask 0 (none yet: an asynchronous teacher may write it back with ``set_guidance``)."""
+        self._writes += 1
+        self.guide_stamp[row, env] = self._writes
         if float(info.get("vlm_action_available", 0.0)) > 0:
             a = np.array([info["vlm_action_steer"], info["vlm_action_accel"]], np.float32)
             if a.shape[0] != self.action_dim or not np.all(np.isfinite(a)):
@@ -284,19 +290,34 @@ class RelabelReplayBuffer(ReplayBuffer):
             self.guide_actions[row, env] = 0.0
             self.guide_mask[row, env] = 0
 
-    def set_guidance(self, slots: np.ndarray, actions: np.ndarray, mask: np.ndarray | None = None) -> None:
+    def guidance_stamps(self, slots: np.ndarray) -> np.ndarray:
+        """The write stamps of ``slots``: send them with an asynchronous request and give them
+        back to ``set_guidance`` so an answer never lands on a transition stored later."""
+        if not self.guidance:
+            raise ValueError("this buffer has no guidance slot: create it with guidance=True")
+        return self.guide_stamp.reshape(-1)[np.asarray(slots, np.int64)].copy()
+
+    def set_guidance(self, slots: np.ndarray, actions: np.ndarray, mask: np.ndarray | None = None,
+                     stamps: np.ndarray | None = None) -> int:
         """Write suggested actions back by slot (an asynchronous teacher's answers); ``mask``
-        (default all 1) marks which of them are valid. Actions are clipped to [-1, 1]."""
+        (default all 1) marks which of them are valid (an invalid or non-finite one sets the
+        row's mask to 0). With ``stamps`` (from ``guidance_stamps`` when the request was made),
+        rows overwritten since are skipped. Actions are clipped to [-1, 1]. Returns how many rows
+        were written."""
         if not self.guidance:
             raise ValueError("this buffer has no guidance slot: create it with guidance=True "
                              "(algo.guidance=vmr|awag|both)")
         slots = np.asarray(slots, np.int64).reshape(-1)
         actions = np.asarray(actions, np.float32).reshape(len(slots), self.action_dim)
         mask = np.ones(len(slots), np.uint8) if mask is None else np.asarray(mask).reshape(-1)
+        if stamps is not None:
+            keep = self.guide_stamp.reshape(-1)[slots] == np.asarray(stamps, np.int64).reshape(-1)
+            slots, actions, mask = slots[keep], actions[keep], mask[keep]
         ok = (mask > 0) & np.all(np.isfinite(actions), axis=1)
         self.guide_actions.reshape(-1, self.action_dim)[slots] = np.where(
             ok[:, None], np.clip(np.nan_to_num(actions), -1.0, 1.0), 0.0)
         self.guide_mask.reshape(-1)[slots] = ok.astype(np.uint8)
+        return int(len(slots))
 
     def _keep_view(self, slot: int, view) -> None:
         view = np.asarray(view)
