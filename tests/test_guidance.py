@@ -4,8 +4,12 @@ facts, ``guidance=none`` leaving the update unchanged, config checks and an end-
 
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
 from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import gymnasium as gym
@@ -21,6 +25,8 @@ from drivemind.agents.guidance import (GuidanceConfig, awag_loss, awag_weights, 
                                        vmr_loss)
 from drivemind.rewards import make_reward
 from drivemind.training.validate import config_problems
+from drivemind.vlm.action_teacher import (ACTION_SYSTEM_PROMPT, MalformedAction, action_prompt,
+                                          parse_action_json)
 
 REPO = Path(__file__).resolve().parents[1]
 BEV = {"preset": "cpu", "size": 48, "rgb_size": 32}
@@ -88,7 +94,12 @@ def test_guidance_config_errors_name_the_choices():
     with pytest.raises(ValueError, match="valid: none, vmr, awag, both"):
         GuidanceConfig.from_config("vrm")
     with pytest.raises(ValueError, match="not implemented yet.*source=privileged"):
-        GuidanceConfig.from_config("vmr", {"source": "http"})
+        GuidanceConfig.from_config("vmr", {"source": "smolvlm"})
+    assert GuidanceConfig.from_config("vmr", {"source": "http"}).asynchronous
+    with pytest.raises(ValueError, match="never taken from configuration"):
+        GuidanceConfig.from_config("vmr", {"source": "http", "teacher": {"api_key": "sk-x"}})
+    with pytest.raises(ValueError, match=r"service\.max_pending must be an integer >= 1"):
+        GuidanceConfig.from_config("vmr", {"source": "http", "service": {"max_pending": 0}})
     with pytest.raises(ValueError, match="valid: privileged, smolvlm, http"):
         GuidanceConfig.from_config("vmr", {"source": "gpt"})
     with pytest.raises(ValueError, match=r"vmr\.steps must be a number > 0"):
@@ -184,8 +195,9 @@ def test_buffer_stores_suggestions_and_mask_and_writes_back_by_slot():
 # ---------------------------------------------------------------------------- the agent
 
 
-def _sac(guidance="none", **kw):
-    venv = DummyVecEnv([partial(make_env, suggest_action=guidance != "none", max_episode_steps=40)])
+def _sac(guidance="none", suggest=None, **kw):
+    suggest = guidance != "none" if suggest is None else suggest
+    venv = DummyVecEnv([partial(make_env, suggest_action=suggest, max_episode_steps=40)])
     pk = dict(net_arch=[32], features_extractor_kwargs=dict(bev_dim=32, state_dim=8))
     return DriveSAC(env=venv, reward_fn=make_reward("chen"), buffer_size=500, batch_size=16, seed=0,
                     device="cpu", policy_kwargs=pk, learning_starts=60, guidance=guidance, **kw)
@@ -266,3 +278,107 @@ def test_train_script_found_rl_clip_with_guidance_end_to_end(tmp_path):
     assert all(math.isfinite(float(r["guidance/vmr_loss"])) and math.isfinite(float(r["guidance/awag_loss"]))
                for r in vals)
     assert float(vals[-1]["guidance/available"]) > 0.9  # the privileged teacher scores every step
+
+
+# ---------------------------------------------------------------------------- the HTTP teacher, asynchronously
+
+
+class _ActionApi(BaseHTTPRequestHandler):
+    """Test double of a remote VLM's chat-completions API: every third answer is malformed, the
+    others suggest (0.25, -0.5). The client, the reward service and the write-back are real."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length", 0))
+        body = json.loads(self.rfile.read(n))
+        srv = self.server
+        with srv.lock:
+            srv.seen.append(body)
+            k = len(srv.seen)
+        content = "sorry, no idea" if k % 3 == 0 else 'Sure: {"steer": 0.25, "accel": -0.5}'
+        data = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture()
+def action_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ActionApi)
+    srv.seen, srv.lock = [], threading.Lock()
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_action_contract():
+    np.testing.assert_allclose(parse_action_json('```json\n{"steer": -0.1, "accel": 1}\n```'), [-0.1, 1.0])
+    for bad, why in [("no json", "no JSON object"), ('{"steer": 0.1}', "'steer' and 'accel'"),
+                     ('{"steer": 2, "accel": 0}', r"steer must be a number in \[-1, 1\]"),
+                     ('{"steer": true, "accel": 0}', "steer must be")]:
+        with pytest.raises(MalformedAction, match=why):
+            parse_action_json(bad)
+    text = action_prompt({"speed_kmh": 23.4, "command": 1, "lead_distance": 12.0, "light_state": 0})
+    assert "23.4 km/h" in text and "left" in text and "12 m ahead" in text and "red" in text
+
+
+def test_http_teacher_answers_are_written_back_by_slot_through_the_reward_service(action_server):
+    from drivemind.agents.guidance import GuidanceRequester
+
+    env = make_env()
+    buf = RelabelReplayBuffer(64, env.observation_space, env.action_space, device="cpu", guidance=True)
+    obs, _ = env.reset(seed=2)
+    for _ in range(12):
+        nobs, _, term, trunc, info = env.step(np.array([0.0, 0.4], np.float32))
+        buf.add({k: v[None] for k, v in obs.items()}, {k: v[None] for k, v in nobs.items()},
+                np.array([[0.0, 0.4]]), np.zeros(1), np.array([term or trunc]), [info])
+        obs = nobs
+    env.close()
+    assert buf.guide_mask.sum() == 0  # nothing scored yet
+    url = f"http://127.0.0.1:{action_server.server_address[1]}/v1"
+    req = GuidanceRequester("http", {"base_url": url, "model": "test-vlm"}, {"max_batch": 4, "max_pending": 5})
+    try:
+        deadline = time.time() + 60
+        while req.answered < 12 and time.time() < deadline:
+            req.pump(buf, timeout=0.5)
+        st = req.stats()
+        req.pump(buf)
+        assert req.requested == 12  # nothing new to ask
+    finally:
+        req.close()
+    assert st["guidance/answered"] == 12 and st["guidance/requested"] == 12
+    assert st["guidance/valid_answers"] == 8  # every third answer was malformed
+    mask = buf.guide_mask[:12, 0]
+    assert mask.sum() == 8  # malformed answers stay unscored (mask 0), never targets
+    np.testing.assert_allclose(buf.guide_actions[:12, 0][mask == 1], [[0.25, -0.5]] * 8)
+    assert np.all(buf.guide_actions[:12, 0][mask == 0] == 0)
+    sent = action_server.seen[0]
+    assert sent["model"] == "test-vlm" and sent["messages"][0]["content"] == ACTION_SYSTEM_PROMPT
+    user = sent["messages"][1]["content"]
+    assert "km/h" in user[0]["text"] and user[1]["image_url"]["url"].startswith("data:image/png;base64,")
+
+
+def test_sac_with_the_http_teacher_trains_on_its_answers(action_server):
+    url = f"http://127.0.0.1:{action_server.server_address[1]}/v1"
+    m = _sac("both", suggest=False, guidance_kwargs={"source": "http", "teacher": {"base_url": url, "model": "m"},
+                                                     "service": {"max_batch": 8}})
+    assert m.replay_buffer.store_images
+    try:
+        m.learn(100)  # answers arrive while it trains, or later: never waited for
+        req, buf = m.guidance_requester(), m.replay_buffer
+        assert req.requested > 0
+        deadline = time.time() + 60
+        while req.valid == 0 and time.time() < deadline:
+            req.pump(buf, timeout=0.5)
+        assert 0 < buf.guide_mask.sum() <= req.valid
+        m.train(gradient_steps=2, batch_size=32)
+        log = m.logger.name_to_value
+        assert log["guidance/available"] > 0 and math.isfinite(log["guidance/vmr_loss"])
+    finally:
+        m.close_service()

@@ -33,11 +33,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import torch as th
+
+from ..reward_service import SERVICE_DEFAULTS
 
 MODES = ("none", "vmr", "awag", "both")
 SOURCES = ("privileged", "smolvlm", "http")
-READY_SOURCES = ("privileged",)
+READY_SOURCES = ("privileged", "http")
+ASYNC_SOURCES = ("http",)
 # the VLM action is clamped inside the tanh squashing's support before its log-likelihood
 ACTION_CLIP = 0.999
 
@@ -95,6 +99,8 @@ class GuidanceConfig:
     source: str = "privileged"
     vmr: dict = field(default_factory=_vmr_default)
     awag: dict = field(default_factory=_awag_default)
+    teacher: dict = field(default_factory=dict)  # source=http: HttpTeacher's arguments
+    service: dict = field(default_factory=dict)  # source=http: the reward service's settings
 
     @classmethod
     def from_config(cls, mode, kwargs: dict | None = None) -> "GuidanceConfig | None":
@@ -108,14 +114,16 @@ class GuidanceConfig:
         kw = dict(kwargs or {})
         unknown = set(kw) - {f.name for f in fields(cls)} - {"mode"}
         if unknown:
-            raise ValueError(f"unknown algo.guidance_kwargs key(s) {sorted(unknown)}; valid: source, vmr, awag")
+            raise ValueError(f"unknown algo.guidance_kwargs key(s) {sorted(unknown)}; valid: source, "
+                             f"vmr, awag, teacher, service")
         source = str(kw.get("source", "privileged"))
         if source not in SOURCES:
             raise ValueError(f"unknown algo.guidance_kwargs.source {source!r}; valid: {', '.join(SOURCES)}")
         if source not in READY_SOURCES:
-            raise ValueError(f"algo.guidance_kwargs.source={source} is not implemented yet (the "
-                             f"asynchronous {source} teacher through the reward service); use "
-                             f"source=privileged (the env's autopilot, a stand-in for the VLM)")
+            raise ValueError(f"algo.guidance_kwargs.source={source} is not implemented yet (the tiny "
+                             f"VLM is not trained or prompted for action answers); use "
+                             f"source=privileged (the env's autopilot, a stand-in for the VLM) or "
+                             f"source=http (an OpenAI-compatible VLM endpoint)")
         sub = {}
         for name, default in (("vmr", _vmr_default()), ("awag", _awag_default())):
             given = dict(kw.get(name) or {})
@@ -130,7 +138,22 @@ class GuidanceConfig:
                     want = "> 0" if k in ("steps", "power", "beta", "w_max") else ">= 0"
                     raise ValueError(f"algo.guidance_kwargs.{name}.{k} must be a number {want}, got {v!r}")
             sub[name] = merged
-        return cls(mode=mode, source=source, vmr=sub["vmr"], awag=sub["awag"])
+        teacher, service = dict(kw.get("teacher") or {}), dict(kw.get("service") or {})
+        if "api_key" in teacher:
+            raise ValueError("API keys are never taken from configuration; put the key in the "
+                             "environment variable named by algo.guidance_kwargs.teacher.api_key_env")
+        bad = set(service) - {"max_batch", "max_wait_ms", "max_pending"}
+        if bad:
+            raise ValueError(f"unknown algo.guidance_kwargs.service key(s) {sorted(bad)}; valid: "
+                             f"max_batch, max_wait_ms, max_pending")
+        for k, v in service.items():
+            ok = (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+                  and (v >= 0 if k == "max_wait_ms" else (v >= 1 and float(v).is_integer())))
+            if not ok:
+                want = "a number >= 0" if k == "max_wait_ms" else "an integer >= 1"
+                raise ValueError(f"algo.guidance_kwargs.service.{k} must be {want}, got {v!r}")
+        return cls(mode=mode, source=source, vmr=sub["vmr"], awag=sub["awag"], teacher=teacher,
+                   service=service)
 
     @property
     def use_vmr(self) -> bool:
@@ -148,5 +171,98 @@ class GuidanceConfig:
         a = self.awag
         return cosine_weight(step, a["start"], a["end"], a["steps"], a["power"])
 
+    @property
+    def asynchronous(self) -> bool:
+        return self.source in ASYNC_SOURCES
+
     def to_dict(self) -> dict:
-        return {"source": self.source, "vmr": dict(self.vmr), "awag": dict(self.awag)}
+        return {"source": self.source, "vmr": dict(self.vmr), "awag": dict(self.awag),
+                "teacher": dict(self.teacher), "service": dict(self.service)}
+
+
+class GuidanceRequester:
+    """The learner's side of an asynchronous action teacher (``source=http``): every
+    transition stored since the last call is sent to the reward service
+    (:class:`drivemind.reward_service.RewardService` running
+    :class:`drivemind.vlm.action_teacher.ActionTeacherWorker`: micro-batches of at most
+    ``max_batch`` requests or ``max_wait_ms``), never more than ``max_pending`` in flight
+    (back-pressure: the rest wait here, oldest first, and rows overwritten meanwhile are dropped);
+    answers are written back into the buffer by slot with the write stamp taken at request time
+    (``RelabelReplayBuffer.set_guidance``). Until its answer is back a row keeps mask 0."""
+
+    def __init__(self, teacher_kind: str, teacher_kwargs: dict | None, service: dict | None = None,
+                 bev_config=None):
+        from ..vlm.action_teacher import ActionTeacherWorker
+
+        s = {**SERVICE_DEFAULTS, **(service or {})}
+        self.max_batch, self.max_wait_ms, self.max_pending = int(s["max_batch"]), float(s["max_wait_ms"]), int(s["max_pending"])
+        self.factory = ActionTeacherWorker(teacher_kind, teacher_kwargs, bev_config)
+        self.factory.build()  # a bad URL / missing key fails here, in the learner, clearly
+        self._svc = None
+        self._queue: list[tuple[int, int]] = []  # (slot, stamp) not yet submitted, oldest first
+        self._inflight: dict[int, tuple[int, int]] = {}  # request id -> (slot, stamp)
+        self._next_id = 0
+        self._seen = 0  # buffer write stamps up to this one are queued
+        self.requested = self.answered = self.valid = self.dropped = 0
+
+    def service(self):
+        if self._svc is None:
+            from ..reward_service import RewardService
+
+            self._svc = RewardService(self.factory, max_batch=self.max_batch, max_wait_ms=self.max_wait_ms,
+                                      max_pending=self.max_pending, name="guidance-teacher")
+        return self._svc
+
+    def pump(self, buffer, timeout: float = 0.0) -> int:
+        """Queue the new transitions, submit what fits, write back what came back (waiting up to
+        ``timeout`` s for some). Returns how many answers were written."""
+        if not buffer.store_images:
+            raise ValueError("the asynchronous action teacher needs the stored BEV masks "
+                             "(RelabelReplayBuffer(store_images=True))")
+        stamps = buffer.guide_stamp.reshape(-1)
+        new = np.flatnonzero((stamps > self._seen) & (buffer.guide_mask.reshape(-1) == 0))
+        new = new[np.argsort(stamps[new], kind="stable")]
+        self._queue.extend((int(s), int(stamps[s])) for s in new)
+        self._seen = int(buffer._writes)
+        svc = self.service()
+        while self._queue and svc.in_flight < self.max_pending:
+            room = self.max_pending - svc.in_flight
+            take, self._queue = self._queue[:room], self._queue[room:]
+            live = [(s, st) for s, st in take if stamps[s] == st]  # overwritten meanwhile: dropped
+            self.dropped += len(take) - len(live)
+            if not live:
+                continue
+            batch = buffer.fact_batch(np.array([s for s, _ in live]))
+            facts = [{k: float(batch[k][i]) for k in buffer.fact_keys} for i in range(len(live))]
+            payloads = [{"bev": buffer.observation(s)["bev"], "facts": f} for (s, _), f in zip(live, facts)]
+            ids = np.arange(self._next_id, self._next_id + len(live))
+            n = svc.submit(ids, payloads, block=False)
+            for i in range(n):
+                self._inflight[int(ids[i])] = live[i]
+            self._next_id += len(live)
+            self.requested += n
+            self._queue = live[n:] + self._queue
+            if n < len(live):
+                break
+        got, res = svc.poll(timeout)
+        if len(got) == 0:
+            return 0
+        res = np.asarray(res, np.float32)
+        pairs = [self._inflight.pop(int(i)) for i in got]
+        slots = np.array([p[0] for p in pairs], np.int64)
+        st = np.array([p[1] for p in pairs], np.int64)
+        self.answered += len(got)
+        self.valid += int((res[:, 2] > 0).sum())
+        written = buffer.set_guidance(slots, res[:, :2], res[:, 2], stamps=st)
+        self.dropped += len(got) - written
+        return written
+
+    def stats(self) -> dict[str, float]:
+        return {"guidance/requested": self.requested, "guidance/answered": self.answered,
+                "guidance/valid_answers": self.valid, "guidance/dropped": self.dropped,
+                "guidance/queued": len(self._queue), "guidance/in_flight": len(self._inflight)}
+
+    def close(self) -> None:
+        if self._svc is not None:
+            self._svc.close()
+            self._svc = None

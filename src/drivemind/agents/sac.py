@@ -108,7 +108,7 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
 
 
 def replay_settings(reward_fn, labeller, replay_buffer_class, replay_buffer_kwargs, policy_kwargs,
-                    gamma: float = 0.99, guidance: bool = False):
+                    gamma: float = 0.99, guidance=None):
     """The replay buffer class and kwargs for ``reward_fn``: ``RelabelReplayBuffer`` by default,
     with an embedding slot (and obs embeddings, kept camera frames) for a reward that reads them,
     the reward's columns, and on the fast path (an extractor that does not read the BEV) no decoded
@@ -121,8 +121,9 @@ def replay_settings(reward_fn, labeller, replay_buffer_class, replay_buffer_kwar
             raise ValueError("algo.guidance needs DriveSAC's RelabelReplayBuffer (it stores the "
                              "suggested actions); leave replay_buffer_class unset")
         return replay_buffer_class, replay_buffer_kwargs
-    if guidance:
-        replay_buffer_kwargs = {"guidance": True, **(replay_buffer_kwargs or {})}
+    if guidance:  # the suggested-action slot; an asynchronous teacher reads the stored BEVs
+        extra = {"store_images": True} if getattr(guidance, "asynchronous", False) else {}
+        replay_buffer_kwargs = {"guidance": True, **extra, **(replay_buffer_kwargs or {})}
     if needs_embedding(reward_fn):
         from ..vlm.text import TEXT_DIM
         dim = labeller.tower().dim if labeller.custom_encoder else TEXT_DIM
@@ -168,7 +169,7 @@ class DriveSAC(SAC):
         self.labeller = Labeller(reward_fn, encoder=encoder, reward_service=reward_service, agent="DriveSAC")
         replay_buffer_class, replay_buffer_kwargs = replay_settings(
             reward_fn, self.labeller, replay_buffer_class, replay_buffer_kwargs, kwargs.get("policy_kwargs"),
-            gamma=kwargs.get("gamma", 0.99), guidance=self.guidance_cfg is not None)
+            gamma=kwargs.get("gamma", 0.99), guidance=self.guidance_cfg)
         super().__init__(policy, env, replay_buffer_class=replay_buffer_class,
                          replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
         self.labeller.set_reward(reward_fn)  # the reward service's config
@@ -219,8 +220,21 @@ class DriveSAC(SAC):
         return self.labeller.service()
 
     def close_service(self) -> None:
-        """Stop the embedding worker and the reward's own workers (end of the run)."""
+        """Stop the embedding worker, the reward's own workers and the action teacher's worker
+        (end of the run)."""
         self.labeller.close()
+        if getattr(self, "_guidance_requester", None) is not None:
+            self._guidance_requester.close()
+            self._guidance_requester = None
+
+    def guidance_requester(self):
+        """The asynchronous action teacher's learner side (``source=http``), built on first use."""
+        if getattr(self, "_guidance_requester", None) is None:
+            from .guidance import GuidanceRequester
+
+            g = self.guidance_cfg
+            self._guidance_requester = GuidanceRequester("http", g.teacher, g.service)
+        return self._guidance_requester
 
     # ------------------------------------------------------------------ training
     def _setup_model(self) -> None:
@@ -240,6 +254,11 @@ class DriveSAC(SAC):
         for k, v in self.labeller.logs(self.replay_buffer).items():
             self.logger.record(k, v)
         guide = getattr(self, "guidance_cfg", None)
+        if guide is not None and guide.asynchronous:  # the VLM's answers, written back by slot
+            req = self.guidance_requester()
+            req.pump(self.replay_buffer)
+            for k, v in req.stats().items():
+                self.logger.record(k, v)
         if not isinstance(self.policy, DriveSACPolicy):  # stock policy: SB3's own update
             if guide is not None:
                 raise ValueError("algo.guidance needs DriveSAC's own policy (DrivePolicy)")
@@ -356,7 +375,8 @@ class DriveSAC(SAC):
 
     def _excluded_save_params(self) -> list[str]:
         # the labeller (reward, image tower, service) is not pickled; the buffer is saved separately
-        return [*super()._excluded_save_params(), "labeller", "_q_params", "_q_target_params"]
+        return [*super()._excluded_save_params(), "labeller", "_q_params", "_q_target_params",
+                "_guidance_requester"]
 
     @classmethod
     def load(cls, path, env=None, device="auto", custom_objects: dict[str, Any] | None = None,
