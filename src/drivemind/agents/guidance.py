@@ -22,10 +22,10 @@ variant keeps it) are read from the authors' public code; they are settings, not
 Where the suggestion comes from (``guidance_kwargs.source``): ``privileged`` — a **stand-in**
 for the VLM, the env's autopilot computed from ground truth (``DriveEnv(suggest_action=True)``
 puts it in the facts ``vlm_action_steer`` / ``vlm_action_accel`` / ``vlm_action_available``,
-copied into the buffer's guidance slot when the transition is stored). ``smolvlm`` and ``http``
-(the tiny VLM and the HTTP teacher through the reward service) are not implemented yet: the
-buffer's ``set_guidance(slots, actions, mask)`` is where their answers would be written back by
-id; choosing them fails with a clear error.
+copied into the buffer's guidance slot when the transition is stored). ``http`` — the HTTP
+teacher asked asynchronously through the reward service (:class:`GuidanceRequester`; answers
+written back by slot and write stamp with ``set_guidance``). ``smolvlm`` (the tiny VLM) is not
+implemented yet; choosing it fails with a clear error.
 """
 
 from __future__ import annotations
