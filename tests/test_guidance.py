@@ -93,8 +93,7 @@ def test_guidance_config_errors_name_the_choices():
     assert g.use_vmr and g.use_awag and g.awag["beta"] == 1.0 and g.awag["w_max"] == 20.0
     with pytest.raises(ValueError, match="valid: none, vmr, awag, both"):
         GuidanceConfig.from_config("vrm")
-    with pytest.raises(ValueError, match="not implemented yet.*source=privileged"):
-        GuidanceConfig.from_config("vmr", {"source": "smolvlm"})
+    assert GuidanceConfig.from_config("vmr", {"source": "smolvlm"}).asynchronous
     assert GuidanceConfig.from_config("vmr", {"source": "http"}).asynchronous
     with pytest.raises(ValueError, match="never taken from configuration"):
         GuidanceConfig.from_config("vmr", {"source": "http", "teacher": {"api_key": "sk-x"}})
@@ -119,8 +118,10 @@ def test_validate_checks_the_guidance_keys():
     cfg["algo"]["guidance"] = "awac"
     assert any("algo.guidance" in p and "vmr" in p for p in config_problems(cfg))
     cfg["algo"]["guidance"] = "vmr"
-    cfg["algo"]["guidance_kwargs"]["source"] = "smolvlm"
-    assert any("not implemented yet" in p for p in config_problems(cfg))
+    cfg["algo"]["guidance_kwargs"]["source"] = "gpt"
+    assert any("valid: privileged, smolvlm, http" in p for p in config_problems(cfg))
+    cfg["algo"]["guidance_kwargs"].update(source="http", service={"max_batch": 0})
+    assert any("service.max_batch must be an integer >= 1" in p for p in config_problems(cfg))
 
 
 # ---------------------------------------------------------------------------- env and buffer
@@ -328,18 +329,23 @@ def test_action_contract():
     assert "23.4 km/h" in text and "left" in text and "12 m ahead" in text and "red" in text
 
 
-def test_http_teacher_answers_are_written_back_by_slot_through_the_reward_service(action_server):
-    from drivemind.agents.guidance import GuidanceRequester
-
+def _unscored_buffer(n: int) -> RelabelReplayBuffer:
     env = make_env()
     buf = RelabelReplayBuffer(64, env.observation_space, env.action_space, device="cpu", guidance=True)
     obs, _ = env.reset(seed=2)
-    for _ in range(12):
+    for _ in range(n):
         nobs, _, term, trunc, info = env.step(np.array([0.0, 0.4], np.float32))
         buf.add({k: v[None] for k, v in obs.items()}, {k: v[None] for k, v in nobs.items()},
                 np.array([[0.0, 0.4]]), np.zeros(1), np.array([term or trunc]), [info])
         obs = nobs
     env.close()
+    return buf
+
+
+def test_http_teacher_answers_are_written_back_by_slot_through_the_reward_service(action_server):
+    from drivemind.agents.guidance import GuidanceRequester
+
+    buf = _unscored_buffer(12)
     assert buf.guide_mask.sum() == 0  # nothing scored yet
     url = f"http://127.0.0.1:{action_server.server_address[1]}/v1"
     req = GuidanceRequester("http", {"base_url": url, "model": "test-vlm"}, {"max_batch": 4, "max_pending": 5})
@@ -382,3 +388,30 @@ def test_sac_with_the_http_teacher_trains_on_its_answers(action_server):
         assert log["guidance/available"] > 0 and math.isfinite(log["guidance/vmr_loss"])
     finally:
         m.close_service()
+
+
+def test_tiny_smolvlm_teacher_runs_in_the_worker_and_its_noise_stays_unscored():
+    """The tiny VLM path: the random tiny SmolVLM asked with the action prompt in the service's
+    worker. 12 new tokens of its byte tokenizer cannot spell a valid answer (at least 21
+    characters), so every row is answered and none is scored."""
+    from drivemind.agents.guidance import GuidanceRequester
+    from drivemind.vlm.action_teacher import ActionTeacherWorker
+
+    with pytest.raises(ValueError, match="unknown algo.guidance_kwargs.teacher key"):
+        GuidanceRequester("smolvlm", {"tiny": True, "temperature": 0.5})
+    teacher = ActionTeacherWorker("smolvlm", {"tiny": True, "max_new_tokens": 4}).build()
+    buf = _unscored_buffer(3)
+    obs = buf.observation(0)
+    from drivemind.vlm.prompts import PromptRequest
+    answer = teacher.generate(PromptRequest(facts={"speed_kmh": 12.0}, bev=obs["bev"]))
+    assert isinstance(answer, str) and "12.0 km/h" in teacher.prompt_text()
+    assert ACTION_SYSTEM_PROMPT in teacher.prompt_text()
+    req = GuidanceRequester("smolvlm", {"tiny": True, "max_new_tokens": 12}, {"max_batch": 3})
+    try:
+        deadline = time.time() + 120
+        while req.answered < 3 and time.time() < deadline:
+            req.pump(buf, timeout=0.5)
+    finally:
+        req.close()
+    assert req.answered == 3 and req.valid == 0
+    assert buf.guide_mask.sum() == 0

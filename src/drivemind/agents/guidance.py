@@ -22,10 +22,10 @@ variant keeps it) are read from the authors' public code; they are settings, not
 Where the suggestion comes from (``guidance_kwargs.source``): ``privileged`` — a **stand-in**
 for the VLM, the env's autopilot computed from ground truth (``DriveEnv(suggest_action=True)``
 puts it in the facts ``vlm_action_steer`` / ``vlm_action_accel`` / ``vlm_action_available``,
-copied into the buffer's guidance slot when the transition is stored). ``http`` — the HTTP
-teacher asked asynchronously through the reward service (:class:`GuidanceRequester`; answers
-written back by slot and write stamp with ``set_guidance``). ``smolvlm`` (the tiny VLM) is not
-implemented yet; choosing it fails with a clear error.
+copied into the buffer's guidance slot when the transition is stored). ``http`` (the HTTP
+teacher) and ``smolvlm`` (the SmolVLM slot; ``teacher.tiny: true`` for the random tiny one) —
+asked asynchronously through the reward service (:class:`GuidanceRequester`; answers written
+back by slot and write stamp with ``set_guidance``; :mod:`drivemind.vlm.action_teacher`).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ from ..reward_service import SERVICE_DEFAULTS
 
 MODES = ("none", "vmr", "awag", "both")
 SOURCES = ("privileged", "smolvlm", "http")
-READY_SOURCES = ("privileged", "http")
-ASYNC_SOURCES = ("http",)
+ASYNC_SOURCES = ("http", "smolvlm")
 # the VLM action is clamped inside the tanh squashing's support before its log-likelihood
 ACTION_CLIP = 0.999
 
@@ -119,11 +118,6 @@ class GuidanceConfig:
         source = str(kw.get("source", "privileged"))
         if source not in SOURCES:
             raise ValueError(f"unknown algo.guidance_kwargs.source {source!r}; valid: {', '.join(SOURCES)}")
-        if source not in READY_SOURCES:
-            raise ValueError(f"algo.guidance_kwargs.source={source} is not implemented yet (the tiny "
-                             f"VLM is not trained or prompted for action answers); use "
-                             f"source=privileged (the env's autopilot, a stand-in for the VLM) or "
-                             f"source=http (an OpenAI-compatible VLM endpoint)")
         sub = {}
         for name, default in (("vmr", _vmr_default()), ("awag", _awag_default())):
             given = dict(kw.get(name) or {})
@@ -197,7 +191,7 @@ class GuidanceRequester:
         s = {**SERVICE_DEFAULTS, **(service or {})}
         self.max_batch, self.max_wait_ms, self.max_pending = int(s["max_batch"]), float(s["max_wait_ms"]), int(s["max_pending"])
         self.factory = ActionTeacherWorker(teacher_kind, teacher_kwargs, bev_config)
-        self.factory.build()  # a bad URL / missing key fails here, in the learner, clearly
+        self.factory.check()  # a bad URL / missing key / unknown option fails here, clearly
         self._svc = None
         self._queue: list[tuple[int, int]] = []  # (slot, stamp) not yet submitted, oldest first
         self._inflight: dict[int, tuple[int, int]] = {}  # request id -> (slot, stamp)

@@ -228,12 +228,13 @@ class DriveSAC(SAC):
             self._guidance_requester = None
 
     def guidance_requester(self):
-        """The asynchronous action teacher's learner side (``source=http``), built on first use."""
+        """The asynchronous action teacher's learner side (``source=http|smolvlm``), built on
+        first use."""
         if getattr(self, "_guidance_requester", None) is None:
             from .guidance import GuidanceRequester
 
             g = self.guidance_cfg
-            self._guidance_requester = GuidanceRequester("http", g.teacher, g.service)
+            self._guidance_requester = GuidanceRequester(g.source, g.teacher, g.service)
         return self._guidance_requester
 
     # ------------------------------------------------------------------ training

@@ -11,8 +11,10 @@ transition keeps mask 0 (never a target).
 
 - ``http``: :class:`HttpActionTeacher`, the HTTP teacher (any OpenAI-compatible chat endpoint
   with image input, e.g. GPT-4o-mini) asked with the action prompt instead of DriveMind's.
-- the tiny VLM (SmolVLM) is not wired to this contract yet (its slot is trained for DriveMind's
-  prompt JSON); ``algo.guidance_kwargs.source=smolvlm`` is refused with a message saying so.
+- ``smolvlm``: :class:`SmolVLMActionTeacher`, the SmolVLM slot (a local checkpoint, or with
+  ``tiny: true`` the random tiny SmolVLM, a stand-in whose answers are noise) asked with the same
+  action prompt. It is not fine-tuned for action answers here: expect mostly malformed answers
+  (mask 0) from the tiny one and untested quality from a real checkpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 
 from .http_teacher import HttpTeacher
 from .prompts import PromptRequest
+from .smolvlm import SmolVLMGenerator
 
 ACTION_SYSTEM_PROMPT = (
     "You are an expert driving instructor. You see a bird's-eye-view semantic map of the scene "
@@ -91,6 +94,28 @@ class HttpActionTeacher(HttpTeacher):
         return body
 
 
+class SmolVLMActionTeacher(SmolVLMGenerator):
+    """The SmolVLM slot asked for an action: the same model, LoRA and decoding, with
+    :data:`ACTION_SYSTEM_PROMPT` and :func:`action_prompt` in its chat template."""
+
+    _user = ""
+
+    def generate(self, request: PromptRequest) -> str:
+        self._user = action_prompt(request.facts)
+        return super().generate(request)
+
+    def prompt_text(self) -> str:
+        from .smolvlm import BOS, EOU, FAKE, GLOBAL, IMAGE
+
+        img = (FAKE + (GLOBAL if self.ids[GLOBAL] is not None else "")
+               + IMAGE * self.image_seq_len + FAKE)
+        bos = BOS if self.ids[BOS] is not None else ""
+        return f"{bos}System: {ACTION_SYSTEM_PROMPT}{EOU}\nUser:{img}{self._user}{EOU}\nAssistant:"
+
+
+TEACHER_KINDS = ("http", "smolvlm")
+
+
 class ActionTeacherWorker:
     """Picklable factory for the reward service: builds the teacher in the worker and returns
     the batch function ``[{"bev": uint8 C x H x W, "facts": dict}, ...] -> (N, 3) float32``
@@ -98,12 +123,34 @@ class ActionTeacherWorker:
     counted in the row and never used as targets)."""
 
     def __init__(self, kind: str = "http", kwargs: dict | None = None, bev_config=None):
-        if kind != "http":
-            raise ValueError(f"unknown action teacher kind {kind!r}; valid: http (smolvlm: not yet)")
+        if kind not in TEACHER_KINDS:
+            raise ValueError(f"unknown action teacher kind {kind!r}; valid: {', '.join(TEACHER_KINDS)}")
         self.kind, self.kwargs, self.bev_config = kind, dict(kwargs or {}), bev_config
 
+    def check(self) -> None:
+        """Fail in the learner, before the worker starts, on options the teacher would refuse
+        (cheap: builds nothing heavy)."""
+        if self.kind == "http":
+            self.build()
+            return
+        import inspect
+
+        kw = dict(self.kwargs)
+        kw.pop("tiny", None), kw.pop("seed", None)
+        valid = set(inspect.signature(SmolVLMGenerator.__init__).parameters) - {"self", "_parts", "bev_config"}
+        bad = set(kw) - valid
+        if bad:
+            raise ValueError(f"unknown algo.guidance_kwargs.teacher key(s) {sorted(bad)} for "
+                             f"source=smolvlm; valid: tiny, seed, {', '.join(sorted(valid))}")
+
     def build(self):
-        return HttpActionTeacher(bev_config=self.bev_config, **self.kwargs)
+        if self.kind == "http":
+            return HttpActionTeacher(bev_config=self.bev_config, **self.kwargs)
+        kw = dict(self.kwargs)
+        if kw.pop("tiny", False):
+            return SmolVLMActionTeacher.tiny(seed=int(kw.pop("seed", 0)), bev_config=self.bev_config, **kw)
+        kw.pop("seed", None)
+        return SmolVLMActionTeacher(bev_config=self.bev_config, **kw)
 
     def __call__(self):
         from .http_teacher import TeacherError
@@ -118,7 +165,7 @@ class ActionTeacherWorker:
                     out[i, :2] = parse_action_json(text)
                     out[i, 2] = 1.0
                 except (MalformedAction, TeacherError):
-                    pass  # unscored: mask 0
+                    pass  # unscored: mask 0 (a SmolVLM that cannot load fails the factory instead)
             return out
 
         return suggest
