@@ -100,6 +100,11 @@ class RelabelReplayBuffer(ReplayBuffer):
     ``palette_size``, ``keep_views`` / ``max_views`` (pending forward camera frames), ``guidance``
     (the suggested-action slot and its mask)."""
 
+    # class-level defaults: buffers pickled before the guidance slot existed load without it
+    guidance = False
+    guide_actions = guide_mask = guide_stamp = None
+    _writes = 0
+
     def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, fact_keys: tuple[str, ...] | None = None,
