@@ -15,4 +15,8 @@ FACT_KEYS = (
     # CaRL's facts (envs/infractions.py)
     "route_completion", "red_light_run", "outside_lanes", "off_center_time",
     "comfort_violations", "ttc_violation",
+    # Found-RL's action guidance (agents/guidance.py): the suggested action for the observation
+    # this step starts from, and whether there is one (0 unless env.suggest_action; the
+    # privileged teacher, a stand-in for the VLM: the built-in autopilot from ground truth)
+    "vlm_action_steer", "vlm_action_accel", "vlm_action_available",
 )

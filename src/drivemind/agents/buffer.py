@@ -21,6 +21,12 @@ Layout (``N = buffer_size // n_envs`` rows, one column per env; a *slot* is ``ro
   in a side table only while it is pending (for the reward's models and the view embedding), at
   most ``max_views`` frames (older ones are dropped and counted); its embedding is kept in the
   ``view_embeddings`` slot, allocated when the agent first stores one.
+- **Action guidance** (``guidance=True``, Found-RL's VMR / AWAG: :mod:`drivemind.agents.guidance`):
+  per transition a suggested action (``guide_actions``, float32) and its availability mask
+  (``guide_mask``: 1 = a suggestion for this transition's observation, 0 = none or not scored
+  yet). ``add`` copies the facts ``vlm_action_steer`` / ``vlm_action_accel`` when
+  ``vlm_action_available`` is set (the env's privileged teacher); an asynchronous teacher writes
+  its answers back by slot with ``set_guidance``. ``sample_guided`` returns them beside the batch.
 - **Relabelling.** ``label_pending(reward)`` scores the pending transitions in one batch;
   ``relabel(reward)`` re-scores everything stored (e.g. after changing weights) from the stored
   facts, without touching observations or the simulator. ``sample`` draws only ``LABELLED`` slots.
@@ -91,7 +97,13 @@ class RelabelReplayBuffer(ReplayBuffer):
     ``FACT_KEYS``), ``embedding_dim`` (0 = no slot), ``obs_embeddings`` (also keep the embedding
     of the observation each action was taken in, for world models), ``columns`` (``{name: dtype}``
     per-transition values a reward's ``prepare`` fills, e.g. DriveMind's prompt ids),
-    ``palette_size``, ``keep_views`` / ``max_views`` (pending forward camera frames)."""
+    ``palette_size``, ``keep_views`` / ``max_views`` (pending forward camera frames), ``guidance``
+    (the suggested-action slot and its mask)."""
+
+    # class-level defaults: buffers pickled before the guidance slot existed load without it
+    guidance = False
+    guide_actions = guide_mask = guide_stamp = None
+    _writes = 0
 
     def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
@@ -100,7 +112,7 @@ class RelabelReplayBuffer(ReplayBuffer):
                  check_memory: bool = True, obs_embeddings: bool = False,
                  columns: dict | None = None, keep_views: bool = False, max_views: int = 1024,
                  store_images: bool = True, sample_images: bool = True, n_steps: int = 1,
-                 gamma: float = 0.99):
+                 gamma: float = 0.99, guidance: bool = False):
         if not isinstance(observation_space, spaces.Dict):
             raise ValueError("RelabelReplayBuffer needs a Dict observation space (DriveMind-v0's)")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -142,6 +154,13 @@ class RelabelReplayBuffer(ReplayBuffer):
                                if obs_embeddings else None)
         self.columns = {k: np.zeros((n, e), np.dtype(dt)) for k, dt in (columns or {}).items()}
         self.view_embeddings = None  # (n, e, D) float16, allocated by enable_view_embeddings()
+        self.guidance = bool(guidance)
+        self.guide_actions = np.zeros((n, e, self.action_dim), np.float32) if self.guidance else None
+        self.guide_mask = np.zeros((n, e), np.uint8) if self.guidance else None
+        # which write of the slot a suggestion belongs to: an asynchronous answer for a slot that
+        # has been overwritten since it was asked for is dropped (``set_guidance(stamps=...)``)
+        self.guide_stamp = np.zeros((n, e), np.int64) if self.guidance else None
+        self._writes = 0
         self.keep_views, self.max_views = bool(keep_views), int(max_views)
         self.views: dict[int, np.ndarray] = {}  # pending slot -> forward camera frame (HxWx3 uint8)
         self.views_dropped = 0
@@ -160,7 +179,8 @@ class RelabelReplayBuffer(ReplayBuffer):
         arrays = [*self.codes.values(), *self.palettes.values(), *self.vectors.values(), self.actions,
                   self.rewards, self.dones, self.timeouts, self.facts, self.labels,
                   *self.columns.values()]
-        arrays += [a for a in (self.embeddings, self.obs_embeddings, self.view_embeddings) if a is not None]
+        arrays += [a for a in (self.embeddings, self.obs_embeddings, self.view_embeddings,
+                               self.guide_actions, self.guide_mask, self.guide_stamp) if a is not None]
         side = sum(v.nbytes for d in self.terminal.values() for v in d.values())
         side += sum(v.nbytes for v in self.views.values())
         side += sum(v.nbytes for v in self.raw.values())
@@ -242,6 +262,8 @@ class RelabelReplayBuffer(ReplayBuffer):
                                f"(fact_keys: {list(self.fact_keys)}); is the env DriveMind-v0?") from None
             self.timeouts[r, e] = float(self.handle_timeout_termination and d
                                         and info.get("TimeLimit.truncated", False))
+            if self.guidance:
+                self._store_guidance(r, e, info)
             self.views.pop(slot, None)
             view = info.get("front_rgb") if self.keep_views else None
             if view is not None:
@@ -256,6 +278,51 @@ class RelabelReplayBuffer(ReplayBuffer):
         self.pos = nxt
         if self.pos == 0:
             self.full = True
+
+    def _store_guidance(self, row: int, env: int, info: dict) -> None:
+        """The suggested action of this transition from its facts (the privileged teacher), or
+        mask 0 (none yet: an asynchronous teacher may write it back with ``set_guidance``)."""
+        self._writes += 1
+        self.guide_stamp[row, env] = self._writes
+        if float(info.get("vlm_action_available", 0.0)) > 0:
+            a = np.array([info["vlm_action_steer"], info["vlm_action_accel"]], np.float32)
+            if a.shape[0] != self.action_dim or not np.all(np.isfinite(a)):
+                raise ValueError(f"the suggested action {a.tolist()} must have {self.action_dim} "
+                                 f"finite values (steer, throttle_brake)")
+            self.guide_actions[row, env] = a
+            self.guide_mask[row, env] = 1
+        else:
+            self.guide_actions[row, env] = 0.0
+            self.guide_mask[row, env] = 0
+
+    def guidance_stamps(self, slots: np.ndarray) -> np.ndarray:
+        """The write stamps of ``slots``: send them with an asynchronous request and give them
+        back to ``set_guidance`` so an answer never lands on a transition stored later."""
+        if not self.guidance:
+            raise ValueError("this buffer has no guidance slot: create it with guidance=True")
+        return self.guide_stamp.reshape(-1)[np.asarray(slots, np.int64)].copy()
+
+    def set_guidance(self, slots: np.ndarray, actions: np.ndarray, mask: np.ndarray | None = None,
+                     stamps: np.ndarray | None = None) -> int:
+        """Write suggested actions back by slot (an asynchronous teacher's answers); ``mask``
+        (default all 1) marks which of them are valid (an invalid or non-finite one sets the
+        row's mask to 0). With ``stamps`` (from ``guidance_stamps`` when the request was made),
+        rows overwritten since are skipped. Actions are clipped to [-1, 1]. Returns how many rows
+        were written."""
+        if not self.guidance:
+            raise ValueError("this buffer has no guidance slot: create it with guidance=True "
+                             "(algo.guidance=vmr|awag|both)")
+        slots = np.asarray(slots, np.int64).reshape(-1)
+        actions = np.asarray(actions, np.float32).reshape(len(slots), self.action_dim)
+        mask = np.ones(len(slots), np.uint8) if mask is None else np.asarray(mask).reshape(-1)
+        if stamps is not None:
+            keep = self.guide_stamp.reshape(-1)[slots] == np.asarray(stamps, np.int64).reshape(-1)
+            slots, actions, mask = slots[keep], actions[keep], mask[keep]
+        ok = (mask > 0) & np.all(np.isfinite(actions), axis=1)
+        self.guide_actions.reshape(-1, self.action_dim)[slots] = np.where(
+            ok[:, None], np.clip(np.nan_to_num(actions), -1.0, 1.0), 0.0)
+        self.guide_mask.reshape(-1)[slots] = ok.astype(np.uint8)
+        return int(len(slots))
 
     def _keep_view(self, slot: int, view) -> None:
         view = np.asarray(view)
@@ -426,12 +493,27 @@ class RelabelReplayBuffer(ReplayBuffer):
             out[k] = th.from_numpy(v)
         return out
 
-    def sample(self, batch_size: int, env=None) -> DictReplayBufferSamples:
+    def _draw(self, batch_size: int) -> np.ndarray:
         ok = self.slots(LABELLED)
         if len(ok) == 0:
             raise RuntimeError("no labelled transitions to sample: store some and call "
                                "label_pending(reward_fn) first")
-        return self._get_samples(ok[np.random.randint(0, len(ok), size=batch_size)], env)
+        return ok[np.random.randint(0, len(ok), size=batch_size)]
+
+    def sample(self, batch_size: int, env=None) -> DictReplayBufferSamples:
+        return self._get_samples(self._draw(batch_size), env)
+
+    def sample_guided(self, batch_size: int) -> tuple[DictReplayBufferSamples, th.Tensor, th.Tensor]:
+        """``sample`` plus the batch's suggested actions (B x action_dim) and their mask
+        (B x 1, float 0/1; 0 rows must contribute nothing to the guidance losses)."""
+        if not self.guidance:
+            raise ValueError("this buffer has no guidance slot: create it with guidance=True")
+        slots = self._draw(batch_size)
+        data = self._get_samples(slots, None)
+        rows, envs = np.divmod(slots, self.n_envs)
+        act = th.from_numpy(self.guide_actions[rows, envs]).to(self.device)
+        mask = th.from_numpy(self.guide_mask[rows, envs].astype(np.float32)).reshape(-1, 1).to(self.device)
+        return data, act, mask
 
     def _n_step(self, rows: np.ndarray, envs: np.ndarray):
         """n-step returns from the sampled transitions: rewards summed with gamma^k along the same
@@ -506,4 +588,6 @@ class RelabelReplayBuffer(ReplayBuffer):
                 "buffer/nonfinite_rewards": self.nonfinite_rewards,
                 "buffer/palette_overflows": self.palette_overflows,
                 **({"buffer/views_dropped": self.views_dropped} if self.keep_views else {}),
+                **({"buffer/guided": int(self.guide_mask.reshape(-1)[self.slots()].sum())}
+                   if self.guidance else {}),
                 "buffer/megabytes": self.nbytes() / 1e6}

@@ -17,6 +17,10 @@ Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
   False``, e.g. ``FeatureExtractor``) the policy reads the frozen encoder's features and the buffer
   neither decodes nor (kinematic rewards) stores the masks.
 - **Compact storage**: see :mod:`drivemind.agents.buffer`.
+- **VLM action guidance** (``guidance="vmr" | "awag" | "both"``, Found-RL): a value-margin term in
+  the critic loss and an advantage-weighted log-likelihood term in the actor loss toward the
+  buffer's suggested actions, masked by their availability (:mod:`drivemind.agents.guidance`).
+  With ``guidance="none"`` (the default) the update is the plain one above, unchanged.
 
 Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load, gSDE) is SB3's.
 """
@@ -35,6 +39,7 @@ from torch.nn import functional as F
 from .buffer import LABELLED, RelabelReplayBuffer
 from .embedding import needs_embedding, needs_obs_embedding, wants_view_embedding
 from .extractor import DriveExtractor
+from .guidance import ACTION_CLIP, GuidanceConfig, awag_loss, awag_weights, vmr_loss
 from .labelling import Labeller, delegate, loaded_fields, saving
 from .sb3_logger import use_default_logger
 
@@ -85,6 +90,16 @@ class DriveSACPolicy(MultiInputPolicy):
         log_std = th.clamp(a.log_std(latent), LOG_STD_MIN, LOG_STD_MAX)
         return a.action_dist.log_prob_from_params(mean, log_std)
 
+    def guidance_terms(self, features: th.Tensor, actions: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
+        """(deterministic action tanh(mean), log pi(actions | o)) from encoded features, for
+        AWAG (not with gSDE)."""
+        a = self.actor
+        latent = a.latent_pi(features)
+        mean = a.mu(latent)
+        log_std = th.clamp(a.log_std(latent), LOG_STD_MIN, LOG_STD_MAX)
+        dist = a.action_dist.proba_distribution(mean, log_std)
+        return th.tanh(mean), dist.log_prob(actions)
+
 
 def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tensor:
     """Min-able stack of the critic heads' Q values (N x n_critics) on encoded features."""
@@ -93,7 +108,7 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
 
 
 def replay_settings(reward_fn, labeller, replay_buffer_class, replay_buffer_kwargs, policy_kwargs,
-                    gamma: float = 0.99):
+                    gamma: float = 0.99, guidance=None):
     """The replay buffer class and kwargs for ``reward_fn``: ``RelabelReplayBuffer`` by default,
     with an embedding slot (and obs embeddings, kept camera frames) for a reward that reads them,
     the reward's columns, and on the fast path (an extractor that does not read the BEV) no decoded
@@ -102,7 +117,13 @@ def replay_settings(reward_fn, labeller, replay_buffer_class, replay_buffer_kwar
         replay_buffer_class = RelabelReplayBuffer
         replay_buffer_kwargs = {"scale_images": True, "gamma": gamma, **(replay_buffer_kwargs or {})}
     if not issubclass(replay_buffer_class, RelabelReplayBuffer):
+        if guidance:
+            raise ValueError("algo.guidance needs DriveSAC's RelabelReplayBuffer (it stores the "
+                             "suggested actions); leave replay_buffer_class unset")
         return replay_buffer_class, replay_buffer_kwargs
+    if guidance:  # the suggested-action slot; an asynchronous teacher reads the stored BEVs
+        extra = {"store_images": True} if getattr(guidance, "asynchronous", False) else {}
+        replay_buffer_kwargs = {"guidance": True, **extra, **(replay_buffer_kwargs or {})}
     if needs_embedding(reward_fn):
         from ..vlm.text import TEXT_DIM
         dim = labeller.tower().dim if labeller.custom_encoder else TEXT_DIM
@@ -138,11 +159,17 @@ class DriveSAC(SAC):
 
     def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
                  replay_buffer_kwargs: dict | None = None, reward_service: dict | bool | None = None,
-                 encoder: dict | None = None, **kwargs):
+                 encoder: dict | None = None, guidance: str = "none", guidance_kwargs: dict | None = None,
+                 **kwargs):
+        # Found-RL's action guidance (None: the plain SAC update)
+        self.guidance_cfg = GuidanceConfig.from_config(guidance, guidance_kwargs)
+        if self.guidance_cfg is not None and self.guidance_cfg.use_awag and kwargs.get("use_sde"):
+            raise ValueError("algo.guidance=awag|both needs use_sde=false (the log-likelihood of the "
+                             "suggested action is computed for the squashed Gaussian policy)")
         self.labeller = Labeller(reward_fn, encoder=encoder, reward_service=reward_service, agent="DriveSAC")
         replay_buffer_class, replay_buffer_kwargs = replay_settings(
             reward_fn, self.labeller, replay_buffer_class, replay_buffer_kwargs, kwargs.get("policy_kwargs"),
-            gamma=kwargs.get("gamma", 0.99))
+            gamma=kwargs.get("gamma", 0.99), guidance=self.guidance_cfg)
         super().__init__(policy, env, replay_buffer_class=replay_buffer_class,
                          replay_buffer_kwargs=replay_buffer_kwargs, **kwargs)
         self.labeller.set_reward(reward_fn)  # the reward service's config
@@ -193,8 +220,22 @@ class DriveSAC(SAC):
         return self.labeller.service()
 
     def close_service(self) -> None:
-        """Stop the embedding worker and the reward's own workers (end of the run)."""
+        """Stop the embedding worker, the reward's own workers and the action teacher's worker
+        (end of the run)."""
         self.labeller.close()
+        if getattr(self, "_guidance_requester", None) is not None:
+            self._guidance_requester.close()
+            self._guidance_requester = None
+
+    def guidance_requester(self):
+        """The asynchronous action teacher's learner side (``source=http|smolvlm``), built on
+        first use."""
+        if getattr(self, "_guidance_requester", None) is None:
+            from .guidance import GuidanceRequester
+
+            g = self.guidance_cfg
+            self._guidance_requester = GuidanceRequester(g.source, g.teacher, g.service)
+        return self._guidance_requester
 
     # ------------------------------------------------------------------ training
     def _setup_model(self) -> None:
@@ -213,7 +254,15 @@ class DriveSAC(SAC):
             self.wait_for_labels(batch_size)  # DriveVLM-RL: wait for enough ready transitions
         for k, v in self.labeller.logs(self.replay_buffer).items():
             self.logger.record(k, v)
+        guide = getattr(self, "guidance_cfg", None)
+        if guide is not None and guide.asynchronous:  # the VLM's answers, written back by slot
+            req = self.guidance_requester()
+            req.pump(self.replay_buffer)
+            for k, v in req.stats().items():
+                self.logger.record(k, v)
         if not isinstance(self.policy, DriveSACPolicy):  # stock policy: SB3's own update
+            if guide is not None:
+                raise ValueError("algo.guidance needs DriveSAC's own policy (DrivePolicy)")
             return super().train(gradient_steps, batch_size)
         policy = self.policy
         policy.set_training_mode(True)
@@ -222,9 +271,13 @@ class DriveSAC(SAC):
             optimizers.append(self.ent_coef_optimizer)
         self._update_learning_rate(optimizers)
         ent_coef_losses, ent_coefs, actor_losses, critic_losses = [], [], [], []
+        guide_logs: dict[str, list[float]] = {}
 
         for step in range(gradient_steps):
-            data = self.replay_buffer.sample(batch_size)
+            if guide is None:
+                data = self.replay_buffer.sample(batch_size)
+            else:
+                data, vlm_actions, vlm_mask = self.replay_buffer.sample_guided(batch_size)
             if self.use_sde:
                 self.actor.reset_noise()
             scaled = getattr(self.replay_buffer, "scale_images", False)
@@ -256,6 +309,13 @@ class DriveSAC(SAC):
             current_q = q_from_features(self.critic, features, data.actions)
             critic_loss = 0.5 * sum(F.mse_loss(current_q[:, i:i + 1], target_q)
                                     for i in range(current_q.shape[1]))
+            if guide is not None and guide.use_vmr:  # Found-RL Eq. 12-13
+                q_vlm = q_from_features(self.critic, features, vlm_actions)
+                l_vmr = vmr_loss(q_vlm, current_q, vlm_mask, guide.vmr["margin"])
+                w_vmr = guide.vmr_weight(self.num_timesteps)
+                critic_loss = critic_loss + w_vmr * l_vmr
+                guide_logs.setdefault("guidance/vmr_loss", []).append(l_vmr.item())
+                guide_logs.setdefault("guidance/vmr_weight", []).append(w_vmr)
             critic_losses.append(critic_loss.item())
             self.critic.optimizer.zero_grad()
             critic_loss.backward()
@@ -264,6 +324,23 @@ class DriveSAC(SAC):
             # actor on detached features (the critic heads are not stepped by this loss)
             q_pi = q_from_features(self.critic, features.detach(), actions_pi)
             actor_loss = (ent_coef * log_prob - th.min(q_pi, dim=1, keepdim=True)[0]).mean()
+            if guide is not None and guide.use_awag:  # Found-RL Eq. 19-23
+                f = features.detach()
+                target = th.clamp(vlm_actions, -ACTION_CLIP, ACTION_CLIP)
+                a_det, logp_vlm = policy.guidance_terms(f, target)
+                with th.no_grad():
+                    q_det = th.min(q_from_features(self.critic, f, a_det), dim=1)[0]
+                    q_v = th.min(q_from_features(self.critic, f, target), dim=1)[0]
+                w, gate = awag_weights(q_v - q_det, guide.awag["beta"], guide.awag["w_max"])
+                l_awag = awag_loss(logp_vlm, w, gate, vlm_mask)
+                w_awag = guide.awag_weight(self.num_timesteps)
+                actor_loss = actor_loss + w_awag * l_awag
+                guide_logs.setdefault("guidance/awag_loss", []).append(l_awag.item())
+                guide_logs.setdefault("guidance/awag_weight", []).append(w_awag)
+                guide_logs.setdefault("guidance/awag_gate", []).append(
+                    float(((vlm_mask.reshape(-1) > 0) & gate).float().mean()))
+            if guide is not None:
+                guide_logs.setdefault("guidance/available", []).append(float(vlm_mask.mean()))
             actor_losses.append(actor_loss.item())
             self.actor.optimizer.zero_grad()
             actor_loss.backward()
@@ -283,6 +360,8 @@ class DriveSAC(SAC):
         self.logger.record("train/critic_loss", np.mean(critic_losses))
         if ent_coef_losses:
             self.logger.record("train/ent_coef_loss", np.mean(ent_coef_losses))
+        for k, v in guide_logs.items():
+            self.logger.record(k, float(np.mean(v)))
 
     # ------------------------------------------------------------------ persistence
     def load_replay_buffer(self, path, truncate_last_traj: bool = True) -> None:
@@ -297,7 +376,8 @@ class DriveSAC(SAC):
 
     def _excluded_save_params(self) -> list[str]:
         # the labeller (reward, image tower, service) is not pickled; the buffer is saved separately
-        return [*super()._excluded_save_params(), "labeller", "_q_params", "_q_target_params"]
+        return [*super()._excluded_save_params(), "labeller", "_q_params", "_q_target_params",
+                "_guidance_requester"]
 
     @classmethod
     def load(cls, path, env=None, device="auto", custom_objects: dict[str, Any] | None = None,

@@ -62,6 +62,10 @@ class EnvConfig:
     terminate_red_light: bool = False
     lane_center_grace: float = 0.5  # m from the nearest lane centre before off_center_time grows
     penalty_hold: float = 50.0  # s a comfort / TTC violation stays in its fact (CaRL: 500 ticks)
+    # Found-RL's action guidance: each step's facts carry the built-in autopilot's action for the
+    # observation the step starts from (vlm_action_*; the privileged teacher, a stand-in for the
+    # VLM). Set by training when algo.guidance is not none.
+    suggest_action: bool = False
 
     def __post_init__(self):
         if isinstance(self.waypoints, bool) or not isinstance(self.waypoints, int) or self.waypoints < 1:
@@ -69,10 +73,12 @@ class EnvConfig:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name in ("waypoints", "max_episode_steps", "eval_traffic_seed", "terminal_penalty",
-                          "terminate_red_light"):
+                          "terminate_red_light", "suggest_action"):
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"env.{f.name} must be a positive number, got {v!r}")
+        if not isinstance(self.suggest_action, bool):
+            raise ValueError(f"env.suggest_action must be true or false, got {self.suggest_action!r}")
         if not isinstance(self.terminate_red_light, bool):
             raise ValueError(f"env.terminate_red_light must be true or false, got "
                              f"{self.terminate_red_light!r}")
@@ -155,6 +161,7 @@ class DriveEnv(gym.Env):
         self.bev = BevRenderer(self.map, self.bev_cfg)
         self._routes_file = routes_file
         self._detector = None  # privileged detector + reasoner (facts critical_count, risk_id)
+        self._suggestion = None  # the privileged teacher's action for this step (suggest_action)
         self._eval_routes = None
         self._eval_i = 0
         if mode == "eval":  # load (or write) the fixed routes now, so a bad file fails here
@@ -235,6 +242,7 @@ class DriveEnv(gym.Env):
         self.bev.reset()
         if self._pilot is not None:
             self._pilot.set_route(route)
+        self._suggestion = None
         obs = self._observe(snap)
         info = self._facts(snap, 0.0, None, 0.0, False)
         info.update(termination="", truncation="", route_index=self.route_index, arrived=False)
@@ -249,6 +257,8 @@ class DriveEnv(gym.Env):
             raise ValueError(f"action contains a non-finite value: {a.tolist()}; check the policy "
                              f"output (NaN/inf usually means diverged network weights)")
         a = np.clip(a, -1.0, 1.0)
+        # the teacher's suggestion for the observation this step starts from (before it moves)
+        self._suggestion = self.expert_action() if self.cfg.suggest_action else None
         snap = self.world.step(a)
         lost = getattr(self.world, "interrupted", "")  # the backend restarted the world (CARLA)
         self.snapshot = snap
@@ -400,8 +410,16 @@ class DriveEnv(gym.Env):
             **self._critical(snap),
             "route_completion": float(self._route_completion),
             "red_light_run": float(self._red_run),
+            **self._suggestion_facts(),
             **self._infr.facts(snap, tr, gap, lead_speed),
         }
+
+    def _suggestion_facts(self) -> dict:
+        s = self._suggestion
+        if s is None:
+            return {"vlm_action_steer": 0.0, "vlm_action_accel": 0.0, "vlm_action_available": 0.0}
+        return {"vlm_action_steer": float(s[0]), "vlm_action_accel": float(s[1]),
+                "vlm_action_available": 1.0}
 
     def _critical(self, snap: WorldSnapshot) -> dict:
         """DriveVLM-RL's dynamic-pathway gate and risk description from ground truth: the

@@ -45,6 +45,15 @@ def env_kwargs(cfg: dict) -> dict:
     return kw
 
 
+def guidance_source(cfg: dict) -> str | None:
+    """Where DriveSAC's action suggestions come from (``algo.guidance_kwargs.source``), or None
+    when ``algo.guidance`` is none / absent."""
+    algo = _sub(cfg, "algo")
+    if algo.get("name") != "sac" or algo.get("guidance") in (None, False, "none"):
+        return None
+    return str((algo.get("guidance_kwargs") or {}).get("source", "privileged"))
+
+
 def town_density(cfg: dict) -> tuple[str, str]:
     town, density = _sub(cfg, "town"), _sub(cfg, "density")
     if "name" not in town or "name" not in density:
@@ -60,6 +69,10 @@ def make_env_fn(cfg: dict, rank: int = 0, mode: str = "train"):
 
     town, density = town_density(cfg)
     kw = env_kwargs(cfg)
+    if mode == "train" and guidance_source(cfg) == "privileged":
+        # Found-RL's action guidance from the privileged teacher (a stand-in for the VLM): each
+        # step's facts carry the autopilot's action for the step's observation
+        kw["config"] = {**kw["config"], "suggest_action": True}
 
     def make():
         from ..envs import DriveEnv

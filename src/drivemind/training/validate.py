@@ -211,6 +211,27 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
         c.num("algo.reward_service.wait_s", 0, lo_open=True)
     elif svc is not _MISSING and svc not in (None, True, False):
         c.bad("algo.reward_service", svc, "must be null, true, false or a mapping of its settings")
+    _check_guidance(c)
+
+
+def _check_guidance(c: _Checker) -> None:
+    """algo.guidance / algo.guidance_kwargs (Found-RL's action guidance, agents/guidance.py)."""
+    from ..agents.guidance import MODES, GuidanceConfig
+
+    mode = _get(c.cfg, "algo.guidance")
+    if mode is _MISSING or mode is None:
+        return
+    if mode not in MODES:
+        c.bad("algo.guidance", mode, f"must be one of {', '.join(MODES)}")
+        return
+    kw = _get(c.cfg, "algo.guidance_kwargs")
+    if kw is not _MISSING and kw is not None and not isinstance(kw, dict):
+        c.bad("algo.guidance_kwargs", kw, "must be a mapping (source, vmr, awag)")
+        return
+    try:
+        GuidanceConfig.from_config(mode, None if kw is _MISSING else kw)
+    except ValueError as e:
+        c.problems.append(str(e))
 
 
 def _check_ppo(c: _Checker, n_envs: int):
