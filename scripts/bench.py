@@ -285,6 +285,7 @@ def bench_autopilot(args) -> dict:
             "route_completion": round(done / n, 3),
             "collisions": sum(r["collisions"] for r in rows),
             "collisions_caused": sum(r["collisions_caused"] for r in rows),
+            "mean_speed_kmh": round(sum(r["mean_speed_kmh"] for r in rows) / max(len(rows), 1), 1),
             "routes_file": str(u.eval_routes_path), "steps": steps_all,
             "wall_s": round(time.perf_counter() - t0, 1), "per_route": rows, **machine()}
 

@@ -180,7 +180,7 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 def test_train_script_rejects_with_one_line_and_no_run_dir(tmp_path):
     # default hydra.run.dir (outputs/runs/<day>/<time>-<name>, relative to the cwd)
-    res = run_train(tmp_path, "algo.batch_size=0", "total_timesteps=1200")
+    res = run_train(tmp_path, "algo.batch_size=0", "total_timesteps=12000")
     assert res.returncode == 2, res.stderr
     assert res.stderr.strip().splitlines() == [
         "error: algo.batch_size=0 is invalid: must be an integer >= 1"]

@@ -134,8 +134,9 @@ class EpisodeMetrics(BaseCallback):
     """The papers' training metrics (AS, RC, TD, CS, CR, TCF, DCF, ICT, AC) over the last
     ``window`` episodes in the logs (``episode/``), every episode to ``episodes.csv``."""
 
-    def __init__(self, csv_path: Path | None = None, window: int = 20):
+    def __init__(self, csv_path: Path | None = None, window: int = 20, wall_offset: float = 0.0):
         super().__init__()
+        self.wall_offset = float(wall_offset)  # wall time of a resumed run's earlier invocations
         self.csv_path, self.window = csv_path, window
         self.records = []
         self._acc: list[EpisodeAccumulator] = []
@@ -173,7 +174,7 @@ class EpisodeMetrics(BaseCallback):
                 self.logger.record(f"episode/{k}", v)
         if self.csv_path is not None:
             row = {"timesteps": self.model.num_timesteps,
-                   "wall_s": round(time.perf_counter() - self._t0, 2),
+                   "wall_s": round(self.wall_offset + time.perf_counter() - self._t0, 2),
                    "task_return": round(float(getattr(rec, "task_return", 0.0)), 3), **rec.to_dict()}
             row["collision_speeds_kmh"] = json.dumps(row.get("collision_speeds_kmh", []))
             if self._writer is None:

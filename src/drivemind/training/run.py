@@ -143,8 +143,10 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         wb = _start_wandb(cfg, run_dir, wid)
         stop = StopOnSignal()
         budget = StopAfter(cfg.get("max_minutes"))
+        earlier = run_dir / "summary.json"  # a resumed run's wall time so far (the curves' x axis)
+        offset = (json.loads(earlier.read_text()).get("wall_s_total", 0.0) if resume and earlier.exists() else 0.0)
         metrics = EpisodeMetrics(run_dir / "logs" / "episodes.csv",
-                                 window=int(cfg.get("metrics_window", 20)))
+                                 window=int(cfg.get("metrics_window", 20)), wall_offset=float(offset or 0.0))
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
                              with_buffer=bool(cfg.get("checkpoint_buffer", True)))
         t0 = time.perf_counter()
