@@ -64,7 +64,8 @@ def main(argv=None) -> dict:
     import torch
 
     from drivemind.bev import BevConfig
-    from drivemind.bev.encoder import BevEncoder, search_dirs, train_encoder, weights_name
+    from drivemind.bev.encoder import BevEncoder, train_encoder, weights_name
+    from drivemind.paths import weights_cache_dir
 
     torch.set_num_threads(args.threads)
     bev = BevConfig.from_dict({"preset": args.bev})
@@ -89,7 +90,7 @@ def main(argv=None) -> dict:
                                  heldout=held, progress=True, log=lambda s: print(s, file=sys.stderr))
     enc.meta.update({"towns": towns, "densities": dens, "frames": int(len(frames)), "bev": bev.to_dict(),
                      "steps": args.steps, "every": args.every})
-    out = Path(args.out) if args.out else search_dirs()[-2] / weights_name(bev.shape)
+    out = Path(args.out) if args.out else weights_cache_dir() / weights_name(bev.shape)
     enc.save(out)
     BevEncoder.load(out, bev_shape=bev.shape)  # round trip
     res = {"what": "train_bev_encoder", "out": str(out), "frames": int(len(frames)),

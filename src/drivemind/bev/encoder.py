@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..paths import weights_cache_dir
+
 FORMAT = "drivemind.bev_encoder"
 VERSION = 1
 TRAIN_CMD = "python scripts/train_bev_encoder.py"
@@ -121,8 +123,7 @@ def search_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("DRIVEMIND_BEV_ENCODER"):
         dirs.append(Path(os.environ["DRIVEMIND_BEV_ENCODER"]))
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return [*dirs, Path(base) / "drivemind", PACKAGE_WEIGHTS]
+    return [*dirs, weights_cache_dir(), PACKAGE_WEIGHTS]
 
 
 class BevEncoder:

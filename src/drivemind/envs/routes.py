@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..maps.roadmap import RoadMap
+from ..paths import cache_dir
 from ..maps.routing import Route, RouteError, plan_route, random_route
 
 log = logging.getLogger(__name__)
@@ -79,10 +80,6 @@ def routes_from_spec(rm: RoadMap, spec: dict, source: str = "route file") -> lis
                              f"{rm.name!r} does not have") from None
         out.append(plan_route(rm, (a, r["start"]["s"]), (b, r["goal"]["s"])))
     return out
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("DRIVEMIND_CACHE") or Path.home() / ".cache" / "drivemind")
 
 
 def eval_routes(rm: RoadMap, path: str | os.PathLike | None = None) -> tuple[list[Route], Path]:

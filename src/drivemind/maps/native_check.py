@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .. import paths
 from .roadmap import MapError
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ _verdicts: dict[str, dict] = {}  # in-process memo: key -> verdict
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DRIVEMIND_CACHE") or Path.home() / ".cache" / "drivemind") / "map-check"
+    return paths.cache_dir() / "map-check"
 
 
 def _carla_version() -> str:

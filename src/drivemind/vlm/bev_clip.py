@@ -24,17 +24,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..paths import weights_cache_dir as cache_dir
 from .text import TEXT_DIM
 
 FORMAT = "drivemind.bev_clip"
 VERSION = 1
 DEFAULT_NAME = "bev_clip_cpu.pt"  # the 15 x 96 x 96 ``cpu`` preset's checkpoint (shipped)
 TRAIN_CMD = "python scripts/train_bev_clip.py"
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "drivemind"
 
 
 def _norm_shape(bev_shape) -> tuple[int, int, int]:
