@@ -143,10 +143,12 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         wb = _start_wandb(cfg, run_dir, wid)
         stop = StopOnSignal()
         budget = StopAfter(cfg.get("max_minutes"))
-        earlier = run_dir / "summary.json"  # a resumed run's wall time so far (the curves' x axis)
-        offset = (json.loads(earlier.read_text()).get("wall_s_total", 0.0) if resume and earlier.exists() else 0.0)
+        before = 0.0  # wall time of the earlier invocations of a resumed run (also the curves' x axis)
+        if resume and (run_dir / "summary.json").exists():
+            old = json.loads((run_dir / "summary.json").read_text())
+            before = float(old.get("wall_s_total", old.get("wall_s", 0.0)))
         metrics = EpisodeMetrics(run_dir / "logs" / "episodes.csv",
-                                 window=int(cfg.get("metrics_window", 20)), wall_offset=float(offset or 0.0))
+                                 window=int(cfg.get("metrics_window", 20)), wall_offset=before)
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
                              with_buffer=bool(cfg.get("checkpoint_buffer", True)))
         t0 = time.perf_counter()
@@ -165,10 +167,6 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             stop._on_training_end()  # SB3 skips it when learn raises: restore the signal handlers
             entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)))
             wall = time.perf_counter() - t0
-            before = 0.0  # wall time of the earlier invocations of a resumed run
-            if resume and (run_dir / "summary.json").exists():
-                old = json.loads((run_dir / "summary.json").read_text())
-                before = float(old.get("wall_s_total", old.get("wall_s", 0.0)))
             summary = {
                 "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
                 "wall_s": round(wall, 1), "wall_s_total": round(before + wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
