@@ -134,7 +134,8 @@ class DriveEnv(gym.Env):
 
     def __init__(self, town: str = "grid", density: str = "regular", *, mode: str = "train",
                  backend: str = "lite", sim=None, bev=None, config=None, routes_file=None,
-                 map_path=None, render_mode: str | None = None, carla=None, features=None, **overrides):
+                 map_path=None, render_mode: str | None = None, carla=None, features=None, corridor: bool = False,
+                 **overrides):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; valid: {', '.join(MODES)}")
         if backend not in BACKENDS:
@@ -181,6 +182,13 @@ class DriveEnv(gym.Env):
             from ..bev.encoder import BevEncoder
             self.features = BevEncoder.load(features, bev_shape=self.bev_cfg.shape)
             self.observation_space.spaces["bev_features"] = spaces.Box(-1.0, 1.0, (self.features.dim,),
+                                                                       np.float32)
+        # corridor=True: a fixed readout of the BEV along the route ahead (bev.corridor)
+        self.corridor = None
+        if corridor:
+            from ..bev.corridor import CorridorReadout
+            self.corridor = CorridorReadout(self.bev_cfg, ego_half_length=self.sim_cfg.ego.length / 2)
+            self.observation_space.spaces["bev_corridor"] = spaces.Box(-1.0, 1.0, (self.corridor.dim,),
                                                                        np.float32)
         self.action_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
         self._pilot = None
@@ -338,6 +346,8 @@ class DriveEnv(gym.Env):
         obs = {"bev": bev, "ego": ego, "waypoints": wp}
         if self.features is not None:
             obs["bev_features"] = self.features.encode(bev)
+        if self.corridor is not None:
+            obs["bev_corridor"] = self.corridor.read(bev, wp * (c.waypoints * c.waypoint_spacing))
         return obs
 
     def _overtakes(self, snap: WorldSnapshot) -> int:

@@ -36,6 +36,8 @@ def env_kwargs(cfg: dict) -> dict:
     kw: dict[str, Any] = {"backend": backend, "sim": sim or None, "bev": bev}
     if features:
         kw["features"] = features
+    if obs.pop("corridor", False):  # obs.corridor=true: the BEV readout along the route (bev.corridor)
+        kw["corridor"] = True
     if carla is not None:
         kw["carla"] = carla
     obs.pop("name", None)
