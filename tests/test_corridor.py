@@ -77,6 +77,16 @@ def test_the_stop_line_on_the_path_gives_the_light_state(value, which):
     assert abs(out[rd.names.index("light_gap")] * (rd.range - rd.ego_half_length) - (9.8 - 2.4)) <= 0.6
 
 
+def test_a_stop_line_under_the_bonnet_still_counts():
+    """The env's light fact keeps a light until the ego's centre crosses its stop line; so does
+    the readout (a red light the front has passed must not read as a free road)."""
+    rd = CorridorReadout(CPU, ego_half_length=2.4)
+    bev = _blank()
+    _fill(bev, rd.light_now, 1.0, 1.4, -3.0, 3.0, 255)
+    out = rd.read(bev, np.stack([np.arange(1, 11) * 5.0, np.zeros(10)], 1))
+    assert out[rd.names.index("light_red")] == 1.0 and out[rd.names.index("light_gap")] < 0
+
+
 def test_a_bev_without_the_actor_channels_is_refused_with_the_fix():
     cfg = BevConfig.from_dict({"preset": "cpu", "channels": ["road", "route", "lane"]})
     with pytest.raises(ValueError, match="obs.corridor=false"):
@@ -108,5 +118,5 @@ def test_in_the_env_the_readout_agrees_with_the_simulators_lead_and_light():
     both = near & (a[:, 2] > 0)
     assert np.median(np.abs(a[both, 0] - a[both, 1])) < 1.0
     red = (a[:, 3] == 2) & (a[:, 4] < 20)
-    if red.sum() > 10:
-        assert a[red, 6].mean() > 0.8
+    assert red.sum() > 20, "the drive met too few red lights to check them"
+    assert a[red, 6].mean() > 0.9

@@ -20,7 +20,9 @@ Features (``CorridorReadout.names``), each scaled to about [0, 1] or [-1, 1]:
   difference is the other vehicle's own motion), / 10 m/s;
 - ``walker_gap`` / ``walker_present``: the same for the walker plane in the wide band;
 - ``light_gap``, ``light_red``, ``light_yellow``, ``light_green``: the first stop line on the path
-  and its state (the renderer's light values: green 80, yellow 170, red 255);
+  from the ego's reference point on (a line under the bonnet still counts, with a negative gap,
+  as the env's light fact does until the ego's centre crosses it) and its state (the renderer's
+  light values: green 80, yellow 170, red 255);
 - ``vehicle_lane_<i>`` / ``vehicle_wide_<i>``: the share of the band occupied by vehicles in
   ``bins`` equal bins along the path (queues, cross traffic at junctions).
 
@@ -110,9 +112,10 @@ class CorridorReadout:
         ok = (rows >= 0) & (rows < self.size) & (cols >= 0) & (cols < self.size)
         return np.clip(rows, 0, self.size - 1), np.clip(cols, 0, self.size - 1), ok
 
-    def _first(self, band: np.ndarray) -> float | None:
-        """Distance along the path of the first sample row with a set pixel ahead of the front."""
-        hit = band.any(axis=1) & (self.s > self.ego_half_length)
+    def _first(self, band: np.ndarray, start: float | None = None) -> float | None:
+        """Distance along the path of the first sample row with a set pixel beyond ``start`` (the
+        ego's front by default)."""
+        hit = band.any(axis=1) & (self.s > (self.ego_half_length if start is None else start))
         k = np.flatnonzero(hit)
         return float(self.s[k[0]]) if len(k) else None
 
@@ -141,11 +144,11 @@ class CorridorReadout:
         s_w = self._first(band(self.walker_now, wr, wc, wok))
         out[3], out[4] = ((s_w - self.ego_half_length) / rng, 1.0) if s_w is not None else (1.0, 0.0)
         light = np.where(lok, bev[self.light_now][lr, lc], 0)
-        s_l = self._first(light > 0)
-        if s_l is not None:
-            k = int(round(s_l / self.step))
+        s_l = self._first(light > 0, start=-1.0)  # from the reference point: a stop line under the
+        if s_l is not None:                        # ego's bonnet still holds it (the env's light fact does)
+            k = int(np.searchsorted(self.s, s_l))
             v = int(light[min(k, len(light) - 1)].max())
-            out[5] = (s_l - self.ego_half_length) / rng
+            out[5] = max(s_l - self.ego_half_length, -self.ego_half_length) / rng
             out[6], out[7], out[8] = float(v >= LIGHT_RED), float(LIGHT_YELLOW <= v < LIGHT_RED), \
                 float(0 < v < LIGHT_YELLOW)
         else:
