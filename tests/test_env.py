@@ -530,3 +530,31 @@ def test_ttc_violation_from_a_stopped_lead():
     assert env._infr.facts(env.snapshot, env.tracker, 8.0, 0.0)["ttc_violation"] == 1.0  # 0.8 s
     assert env._infr.facts(env.snapshot, env.tracker, 30.0, 0.0)["ttc_violation"] == 1.0  # held
     assert env._infr.facts(env.snapshot, env.tracker, 8.0, 10.0)["ttc_violation"] == 1.0
+
+
+def test_idle_time_ends_a_training_episode_standing_on_a_free_road_only():
+    """env.idle_time (train mode): standing still with nothing ahead ends the episode as 'stuck'
+    long before the 90 s stuck rule; off by default, never in evaluation; a red light or a lead
+    actor within idle_gap holds the timer."""
+    brake = np.array([0.0, -1.0], np.float32)
+
+    def stand(mode, **kw):
+        env = DriveEnv("grid", "empty", mode=mode, bev="cpu", **kw)
+        env.reset(seed=1)
+        for i in range(60):
+            _, _, term, _, info = env.step(brake)
+            if term:
+                return i, info["termination"], env
+        return None, None, env
+
+    i, why, env = stand("train", idle_time=2.0)
+    assert why == "stuck" and 20 <= i <= 25 and env.stuck_time < 5.0
+    assert stand("train")[1] is None                       # off by default
+    assert stand("eval", idle_time=2.0)[1] is None        # the evaluation protocol never uses it
+    free = {"lead_distance": 50.0, "light_state": -1.0, "light_distance": 50.0}
+    assert env._is_free_ahead(free)
+    assert not env._is_free_ahead({**free, "lead_distance": 6.0})
+    assert not env._is_free_ahead({**free, "light_state": 2.0, "light_distance": 4.0})
+    assert env._is_free_ahead({**free, "light_state": 0.0, "light_distance": 4.0})  # green: go
+    with pytest.raises(ValueError, match="idle_time"):
+        DriveEnv("grid", "empty", idle_time=-1.0)

@@ -60,6 +60,12 @@ class EnvConfig:
     # train mode only (evaluation keeps one protocol for every reward): running a red light ends
     # the episode (reward=carl sets it, as CaRL's env does)
     terminate_red_light: bool = False
+    # train mode only: standing (below stuck_speed_kmh) this many seconds with a free road ahead (no
+    # lead actor and no red or yellow light within idle_gap m) ends the episode as "stuck" (a
+    # failure). None: off. Without it, standing still is a safe haven early in training: the
+    # 90 s stuck rule's penalty lies too far ahead to matter (docs/env.md)
+    idle_time: float | None = None
+    idle_gap: float = 10.0  # m
     lane_center_grace: float = 0.5  # m from the nearest lane centre before off_center_time grows
     penalty_hold: float = 50.0  # s a comfort / TTC violation stays in its fact (CaRL: 500 ticks)
     # Found-RL's action guidance: each step's facts carry the built-in autopilot's action for the
@@ -73,7 +79,7 @@ class EnvConfig:
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name in ("waypoints", "max_episode_steps", "eval_traffic_seed", "terminal_penalty",
-                          "terminate_red_light", "suggest_action"):
+                          "terminate_red_light", "suggest_action") or (f.name == "idle_time" and v is None):
                 continue
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise ValueError(f"env.{f.name} must be a positive number, got {v!r}")
@@ -242,6 +248,8 @@ class DriveEnv(gym.Env):
         self.distance = 0.0
         self.routes_completed = 0
         self.stuck_time = 0.0
+        self.idle_time = 0.0
+        self._free_ahead = False
         self._lat_hist = deque([self.tracker.lateral], maxlen=c.oscillation_window)
         self._prev_accel = 0.0
         self._beside: dict[int, float] = {}  # actor id -> along-heading offset, for overtakes
@@ -280,6 +288,9 @@ class DriveEnv(gym.Env):
         self.distance += e.speed * snap.dt
         self._lat_hist.append(self.tracker.lateral)
         self.stuck_time = self.stuck_time + snap.dt if e.speed * 3.6 < c.stuck_speed_kmh else 0.0
+        # idle: standing with a free road ahead (judged on the previous step's facts)
+        self.idle_time = (self.idle_time + snap.dt if e.speed * 3.6 < c.stuck_speed_kmh and self._free_ahead
+                          else 0.0)
         collision = max(snap.collisions, key=lambda ev: ev.ego_speed) if snap.collisions else None
         termination = ""
         if collision is not None:
@@ -287,6 +298,8 @@ class DriveEnv(gym.Env):
         elif abs(self.tracker.lateral) > c.max_lateral:
             termination = "off_route"
         elif self.stuck_time > c.stuck_time:
+            termination = "stuck"
+        elif c.idle_time is not None and self.mode == "train" and self.idle_time > c.idle_time:
             termination = "stuck"
         elif self._red_run and c.terminate_red_light and self.mode == "train":
             termination = "red_light"
@@ -313,6 +326,7 @@ class DriveEnv(gym.Env):
                            bool(termination) and termination != "arrived")
         info.update(termination=termination, truncation=truncation, route_index=self.route_index,
                     arrived=bool(arrived))
+        self._free_ahead = self._is_free_ahead(info)
         front = self.front_rgb()
         if front is not None:  # the backend's forward camera (CARLA with sim.carla.camera)
             info["front_rgb"] = front
@@ -349,6 +363,12 @@ class DriveEnv(gym.Env):
         if self.corridor is not None:
             obs["bev_corridor"] = self.corridor.read(bev, wp * (c.waypoints * c.waypoint_spacing))
         return obs
+
+    def _is_free_ahead(self, info: dict) -> bool:
+        """No lead actor and no red or yellow light within ``idle_gap`` m ahead (``idle_time``)."""
+        gap = self.cfg.idle_gap
+        held = info["light_state"] in (1, 2) and info["light_distance"] < gap
+        return info["lead_distance"] >= gap and not held
 
     def _overtakes(self, snap: WorldSnapshot) -> int:
         """Vehicles that went from ahead of the ego's front to behind its rear since the last step,
