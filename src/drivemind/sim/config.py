@@ -54,6 +54,8 @@ class TrafficParams:
     mobil_politeness: float = 0.3  # share of the new follower's loss counted against a change
     mobil_threshold: float = 0.3  # m/s^2 a change must gain
     mobil_b_safe: float = 3.0  # m/s^2: the new follower may have to brake at most this hard
+    wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
+    #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
     #                                     respawned elsewhere (SUMO's teleport); None: never
 
