@@ -41,7 +41,16 @@ class TrafficParams:
     request_margin: float = 8.0  # m added to the braking distance when asking for a junction
     conflict_distance: float = 2.6  # m: connectors closer than this conflict
     signals: str = "landmarks"  # landmarks | all | none: which junctions get traffic lights
-    green: float = 10.0  # s (CARLA's default light timings)
+    signal_phases: str = "opposite"  # opposite: opposite approaches green together (two-phase
+    #                                  plans); single: one approach at a time (CARLA's group cycle)
+    signal_control: str = "actuated"  # actuated: a green phase ends early when its approaches
+    #                                   are empty and another phase has demand, and rests in green
+    #                                   while no other has (vehicle-actuated control); fixed: each
+    #                                   phase green for ``green`` s in turn (CARLA's cycle)
+    min_green: float = 5.0  # s, actuated: shortest green
+    detector_distance: float = 30.0  # m before the stop line that counts as demand (actuated)
+    green: float = 10.0  # s (CARLA's default light timings; actuated: the longest green while
+    #                      another phase has demand)
     yellow: float = 3.0
     all_red: float = 2.0
     walker_speed: tuple[float, float] = (0.8, 1.5)  # m/s (DriveVLM-RL)
@@ -82,6 +91,12 @@ class SimConfig:
         if self.traffic.signals not in ("landmarks", "all", "none"):
             raise ValueError(f"traffic.signals must be one of landmarks, all, none; got "
                              f"{self.traffic.signals!r}")
+        if self.traffic.signal_control not in ("actuated", "fixed"):
+            raise ValueError(f"traffic.signal_control must be one of actuated, fixed; got "
+                             f"{self.traffic.signal_control!r}")
+        if self.traffic.signal_phases not in ("opposite", "single"):
+            raise ValueError(f"traffic.signal_phases must be one of opposite, single; got "
+                             f"{self.traffic.signal_phases!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -157,21 +157,20 @@ def pairwise_overlaps(pos, ayaw, ext, skip_cls, cls, out):
 
 
 @nb.njit(cache=True)
-def light_states(t, jn_offset, jn_groups, green, yellow, allred, out):
-    """State of every light: junction k cycles its groups one at a time (green, yellow, all-red)."""
+def light_states(t, jn_offset, jn_groups, light_phase, jn_phases, green, yellow, allred, out):
+    """State of every light: junction k cycles its ``jn_phases[k]`` phases one at a time (green,
+    yellow, all-red); its ``jn_groups[k]`` lights are green in phase ``light_phase``."""
     slot = green + yellow + allred
+    base = 0
     for k in range(jn_groups.shape[0]):
         g = jn_groups[k]
         if g == 0:
             continue
-        tm = (t + jn_offset[k]) % (slot * g)
+        tm = (t + jn_offset[k]) % (slot * jn_phases[k])
         active = int(tm // slot)
         ph = tm - active * slot
-        base = 0
-        for q in range(k):
-            base += jn_groups[q]
         for q in range(g):
-            if q != active:
+            if light_phase[base + q] != active:
                 out[base + q] = 2
             elif ph < green:
                 out[base + q] = 0
@@ -179,6 +178,72 @@ def light_states(t, jn_offset, jn_groups, green, yellow, allred, out):
                 out[base + q] = 1
             else:
                 out[base + q] = 2
+        base += g
+
+
+@nb.njit(cache=True)
+def light_demand(lane, s, length, lane_light, ego_lane, ego_s, dist, out):
+    """Which lights have a vehicle (or the ego) on a lane they control, within ``dist`` m of its
+    end (the detectors of a vehicle-actuated signal)."""
+    out[:] = False
+    for i in range(lane.shape[0]):
+        li = lane_light[lane[i]]
+        if li >= 0 and length[lane[i]] - s[i] < dist:
+            out[li] = True
+    if ego_lane >= 0:
+        li = lane_light[ego_lane]
+        if li >= 0 and length[ego_lane] - ego_s < dist:
+            out[li] = True
+
+
+@nb.njit(cache=True)
+def lights_actuated(dt, jn_groups, light_phase, jn_phases, demand, min_green, max_green, yellow,
+                    allred, phase, stage, timer, out):
+    """Vehicle-actuated signals (as SUMO's ``actuated`` programs and most real controllers): a
+    junction's green phase ends (yellow, then all-red) only when another phase has demand, and
+    then once it has been green ``min_green`` s with nobody left to serve, or ``max_green`` s in
+    any case; with no demand elsewhere it rests in green. The next phase is the next one in order
+    with demand (else simply the next). State per junction, kept between calls: ``phase``,
+    ``stage`` (0 green, 1 yellow, 2 all-red) and ``timer`` (s in that stage)."""
+    base = 0
+    for k in range(jn_groups.shape[0]):
+        g = jn_groups[k]
+        P = jn_phases[k]
+        timer[k] += dt
+        if stage[k] == 0:
+            mine = False
+            other = False
+            for q in range(g):
+                if demand[base + q]:
+                    if light_phase[base + q] == phase[k]:
+                        mine = True
+                    else:
+                        other = True
+            if other and timer[k] >= min_green and (not mine or timer[k] >= max_green):
+                stage[k] = 1
+                timer[k] = 0.0
+        elif stage[k] == 1:
+            if timer[k] >= yellow:
+                stage[k] = 2
+                timer[k] = 0.0
+        elif timer[k] >= allred:
+            nxt = (phase[k] + 1) % P
+            for d in range(1, P + 1):
+                p = (phase[k] + d) % P
+                want = False
+                for q in range(g):
+                    if demand[base + q] and light_phase[base + q] == p:
+                        want = True
+                        break
+                if want:
+                    nxt = p
+                    break
+            phase[k] = nxt
+            stage[k] = 0
+            timer[k] = 0.0
+        for q in range(g):
+            out[base + q] = stage[k] if light_phase[base + q] == phase[k] else 2
+        base += g
 
 
 @nb.njit(cache=True)

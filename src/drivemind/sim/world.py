@@ -116,7 +116,18 @@ class LiteWorld:
         self._spawn_walkers()
         self.light_offset = rng.uniform(0, 60.0, size=len(self.lights.junction_groups))
         self.light_state = np.zeros(len(self.lights.junction_of_light), np.int64)
-        self._update_lights()
+        # actuated signals' state, started where the fixed cycle would be at time 0
+        tp, lt = cfg.traffic, self.lights
+        slot = tp.green + tp.yellow + tp.all_red
+        tm = self.light_offset % (slot * np.maximum(lt.junction_phases, 1))
+        self.sig_phase = (tm // slot).astype(np.int64)
+        ph = tm - self.sig_phase * slot
+        self.sig_stage = np.where(ph < tp.green, 0, np.where(ph < tp.green + tp.yellow, 1, 2))
+        self.sig_stage = self.sig_stage.astype(np.int64)
+        self.sig_timer = ph - np.where(self.sig_stage == 0, 0.0,
+                                       np.where(self.sig_stage == 1, tp.green, tp.green + tp.yellow))
+        self._demand = np.zeros(len(lt.junction_of_light), np.bool_)
+        self._update_lights(0.0, -1, 0.0)
         self._ego_contacts.clear()
         self._npc_contacts.clear()
         self._static_contact = False
@@ -331,7 +342,6 @@ class LiteWorld:
         self._ego_step(steer, tb, dt)
         self.time += dt
         self.frame += 1
-        self._update_lights()
         e = self.ego
         ehl, ehw = cfg.ego.length / 2, cfg.ego.width / 2
         ego_r = math.hypot(ehl, ehw) * 0.5 + ehl * 0.5  # between half length and circumradius
@@ -339,6 +349,7 @@ class LiteWorld:
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
         self._ego_lane = ego_lane
+        self._update_lights(dt, ego_lane, ego_s)
         # in a junction, where connectors overlap, the ego may be on any of several
         nj = 0
         if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
@@ -412,10 +423,17 @@ class LiteWorld:
         e.update(v=nv, yaw_rate=yaw_rate, accel=(nv - v) / dt, steer=steer, throttle=throttle,
                  brake=brake)
 
-    def _update_lights(self):
+    def _update_lights(self, dt: float, ego_lane: int, ego_s: float):
         lt, tp = self.lights, self.cfg.traffic
-        if len(lt.junction_groups):
-            K.light_states(self.time, self.light_offset, lt.junction_groups, tp.green, tp.yellow,
+        if len(lt.junction_groups) and tp.signal_control == "actuated":
+            K.light_demand(self.v_lane, self.v_s, self.map.length, lt.lane_light, ego_lane, ego_s,
+                           tp.detector_distance, self._demand)
+            K.lights_actuated(dt, lt.junction_groups, lt.phase, lt.junction_phases, self._demand,
+                              tp.min_green, tp.green, tp.yellow, tp.all_red, self.sig_phase,
+                              self.sig_stage, self.sig_timer, self.light_state)
+        elif len(lt.junction_groups):
+            K.light_states(self.time, self.light_offset, lt.junction_groups, lt.phase,
+                           lt.junction_phases, tp.green, tp.yellow,
                            tp.all_red, self.light_state)
 
     # ------------------------------------------------------------------ collisions
