@@ -31,7 +31,8 @@ class TrafficParams:
     """Background traffic: IDM car following, junction reservations, traffic lights, walkers."""
 
     speed_limit_kmh: float = 30.0  # CARLA towns' urban limit; caps every lane
-    lateral_accel: float = 2.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane
+    lateral_accel: float = 3.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane (drivers
+    #                             take urban junction turns at about 3-4 m/s^2)
     speed_offset: tuple[float, float] = (-0.1, 0.1)  # each vehicle drives at the lane's limit
     #                                                   times 1 + U(lo, hi)
     idm_s0: float = 2.0  # m, standstill gap

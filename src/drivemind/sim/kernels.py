@@ -329,12 +329,18 @@ def traffic_step(
                 dstop[i] = cum
                 inc = path[i, k - 1]
                 li = lane_light[inc]
-                if li >= 0 and grant[i] != l:
+                if li >= 0:
                     st = light_state[li]
-                    if st == 2:
-                        light_block[i] = True
-                    elif st == 1 and cum > v[i] * v[i] / (2.0 * bcomf[i]) + 1.0:
-                        light_block[i] = True
+                    can_stop = cum > v[i] * v[i] / (2.0 * bcomf[i]) + 1.0
+                    if grant[i] == l and not entered[i] and st != 0 and can_stop:
+                        # granted while green, and the light changed before it got there: it
+                        # gives the reservation back and stops
+                        grant[i] = -1
+                    if grant[i] != l:
+                        if st == 2:
+                            light_block[i] = True
+                        elif st == 1 and can_stop:
+                            light_block[i] = True
                 break
             cum += length[l]
             if cum > lookahead:
