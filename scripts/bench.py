@@ -8,7 +8,8 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      npc_collisions (new contacts among background actors), actor counts, and how freely
      traffic flowed (mean NPC speed, share of NPCs stopped at the end, npc_max_stuck_s: the
      longest standing time of a vehicle not at a red light, npc_respawns: vehicles moved by the
-     last-resort respawn after traffic.stuck_respawn seconds).
+     last-resort respawn after traffic.stuck_respawn seconds, npc_wait_cycles: waits-for cycles
+     (deadlocks) found and broken).
 
     python scripts/bench.py env --town Town02 --density regular --seconds 300
 
@@ -171,6 +172,7 @@ def bench_sim(args) -> dict:
         "npc_mean_speed_kmh": round(3.6 * npc_speed / steps, 2),
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
+        "npc_wait_cycles": world.npc_wait_cycles,
         "ego_routes_completed": routes, "ego_collisions": ego_collisions,
         "one_core": pinned, **machine(),
     }

@@ -457,7 +457,7 @@ def _red_light_run(mode="train", **kw):
             break
     assert env._stops, "no route with a traffic light in 20 tries"
     w = env.world
-    w._update_lights = lambda: w.light_state.fill(int(LightState.RED))  # white-box: hold red
+    w._update_lights = lambda *_: w.light_state.fill(int(LightState.RED))  # white-box: hold red
     w._update_lights()
     cum = env._stops[0][0]
     r = env.route

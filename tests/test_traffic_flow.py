@@ -141,3 +141,117 @@ def test_vehicle_changes_lane_to_pass_a_standing_one(lane_changes):
         assert abs(world.v_xy[0, 1] - 3.5) < 0.05 and world.v_lat[0] == 0.0
     else:
         assert world.lane_change_total == 0 and world.v_xy[0, 0] < 150.0
+
+
+def test_wait_cycles_kernel_finds_each_cycle_once():
+    from drivemind.sim.kernels import BLOCKED_LIGHT, NO_BLOCKER, wait_cycles
+
+    # 0 -> 1 -> 2 -> 0 (a cycle), 3 -> 0 (waits for the cycle, not on it), 4 <-> 5 (a cycle),
+    # 6 -> 7 -> light, 8 -> 9 -> 8 but 9 has not stood long enough
+    blocker = np.array([1, 2, 0, 0, 5, 4, 7, BLOCKED_LIGHT, 9, 8, NO_BLOCKER])
+    stuck = np.full(len(blocker), 10.0)
+    stuck[9] = 1.0
+    cycle = np.empty(len(blocker), np.int64)
+    assert wait_cycles(blocker, stuck, 5.0, cycle) == 2
+    assert cycle[0] == cycle[1] == cycle[2] >= 0
+    assert cycle[4] == cycle[5] >= 0 and cycle[4] != cycle[0]
+    assert (cycle[[3, 6, 7, 8, 9, 10]] == -1).all()
+
+
+def _block_ring(world):
+    """Four road lanes round a block of the map, each joined to the next by a turn the same way:
+    (lanes, ways through between them)."""
+    rm, succ, jn = world.map, world.succ, world.map.junction
+
+    def turn(a, b):
+        d = rm.yaw[rm.offset[b]] - rm.yaw[rm.offset[a + 1] - 1]
+        return (d + np.pi) % (2 * np.pi) - np.pi
+
+    def onward(lane):  # (lanes of a way through, the road lane after it)
+        for c in succ[lane][succ[lane] >= 0]:
+            way, e = [int(c)], int(c)
+            while jn[e] >= 0 and (succ[e] >= 0).any():
+                e = int(succ[e][succ[e] >= 0][0])
+                if jn[e] >= 0:
+                    way.append(e)
+            if jn[e] < 0:
+                yield way, e
+
+    for first in np.flatnonzero(jn < 0):
+        for sign in (1, -1):
+            lanes, ways, lane = [int(first)], [], int(first)
+            for _ in range(4):
+                nxt = [(w, e) for w, e in onward(lane) if sign * turn(lane, e) > 0.8]
+                if not nxt:
+                    break
+                ways.append(nxt[0][0])
+                lane = nxt[0][1]
+                lanes.append(lane)
+            if len(lanes) == 5 and lanes[-1] == lanes[0]:
+                return lanes[:4], ways
+    raise AssertionError("no block ring found")
+
+
+def _gridlocked_world(wait_cycle_after):
+    """A real gridlock on the grid town: queues fill the four lanes round a block, every vehicle
+    turning onto the next of them, so each queue's head waits for room that the tail of the next
+    queue takes, round the block (a cycle of waits; no light, no ego, nothing else in the way)."""
+    from drivemind.sim.world import PATH_LEN
+
+    cfg = SimConfig(vehicles=60, traffic=TrafficParams(signals="none", stuck_respawn=None,
+                                                       wait_cycle_after=wait_cycle_after))
+    world = LiteWorld(load_town("grid"), cfg)
+    world.reset(seed=0, ego_pose=(1e5, 1e5, 0.0))
+    ring, ways = _block_ring(world)
+    slots = []
+    for r, lane in enumerate(ring):  # heads at the stop line, 7 m apart back to the lane start
+        s = float(world.map.length[lane]) - 3.0
+        while s > 2.5:
+            slots.append((r, lane, s))
+            s -= 7.0
+    n = len(slots)
+    assert len(world.v_lane) >= n
+    total = len(world.v_lane)
+    for name, val in list(vars(world).items()):  # keep n vehicles (all cars of one size)
+        if name.startswith("v_") and isinstance(val, np.ndarray) and len(val) == total:
+            setattr(world, name, val[:n].copy())
+    world._cycle = np.full(n, -1, np.int64)
+    world.v_cls[:], world.v_hl[:], world.v_hw[:] = 0, 2.3, 0.95
+    world.v_vcap[:], world.v_amax[:], world.v_b[:] = 30.0, 2.0, 3.0
+    for i, (r, lane, s) in enumerate(slots):
+        world.v_lane[i], world.v_s[i] = lane, s
+        path, q = [lane], r
+        while len(path) < PATH_LEN:
+            path += ways[q]
+            q = (q + 1) % 4
+            path.append(ring[q])
+        world.v_path[i] = path[:PATH_LEN]
+    from drivemind.sim import kernels as K
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    return world
+
+
+def test_gridlock_round_a_block_is_broken_by_the_wait_cycle_detector(caplog):
+    stuck = _gridlocked_world(None)  # no detector (and no respawn)
+    start = stuck.v_xy.copy()
+    for _ in range(600):  # 60 s
+        stuck.step((0.0, 0.0))
+    assert len(start) >= 20
+    assert np.hypot(*(stuck.v_xy - start).T).max() < 4.0  # closed up, got nowhere
+    assert (stuck.v_v < 0.3).all() and stuck.npc_max_stuck_s > 55.0
+    assert stuck.npc_wait_cycles == 0
+
+    world = _gridlocked_world(5.0)
+    start = world.v_xy.copy()
+    with caplog.at_level(logging.INFO, logger="drivemind.sim.world"):
+        for _ in range(200):  # 20 s
+            world.step((0.0, 0.0))
+    assert world.npc_wait_cycles >= 1
+    assert any("waits-for cycle" in r.getMessage() and "another way" in r.getMessage()
+               for r in caplog.records)
+    for _ in range(800):  # 80 s more
+        world.step((0.0, 0.0))
+    moved = np.hypot(*(world.v_xy - start).T)
+    assert (moved > 5.0).all()  # every vehicle of the ring got going again
+    assert world.npc_max_stuck_s < 55.0
+    assert world.npc_collision_total == 0

@@ -206,12 +206,20 @@ def test_town02_junctions_lights_and_conflicts(town02):
     assert len(junction_lanes_seen) >= 0.5 * (J >= 0).sum()
 
 
-def test_town02_signal_phases_one_approach_at_a_time(town02):
-    world = LiteWorld(town02, density_config("empty"))
+@pytest.mark.parametrize("phases", ["single", "opposite"])
+def test_town02_signal_phases(town02, phases):
+    # fixed-time control, so that every light cycles without traffic
+    cfg = SimConfig(traffic=TrafficParams(signal_phases=phases, signal_control="fixed"))
+    world = LiteWorld(town02, cfg)
     world.reset(2, ego_pose=OFF_MAP)
     lt = world.lights
     jof = lt.junction_of_light
     assert len(jof) == lt.junction_groups.sum() > 0
+    # the heading in which each light's approach reaches its junction
+    head = np.array([town02.yaw[town02.offset[np.flatnonzero(lt.lane_light == q)[0] + 1] - 1]
+                     for q in range(len(jof))])
+    if phases == "opposite":  # Town02's junctions are T-junctions: the through road pair + 1
+        assert (lt.junction_phases == 2).all()
     seen = np.zeros((len(jof), 3), bool)
     for _ in range(900):  # 90 s: two full cycles of a 3-approach junction (3 x 15 s)
         snap = world.step((0.0, 0.0))
@@ -219,8 +227,61 @@ def test_town02_signal_phases_one_approach_at_a_time(town02):
         assert set(np.unique(st).tolist()) <= {int(s) for s in LightState}
         seen[np.arange(len(st)), np.minimum(st, 2)] = True
         for j in np.unique(jof):
-            assert (st[jof == j] != RED).sum() <= 1, f"two approaches of junction {j} not red at once"
+            on = np.flatnonzero((jof == j) & (st != RED))
+            if phases == "single":
+                assert len(on) <= 1, f"two approaches of junction {j} not red at once"
+            else:  # at most a pair of opposite approaches
+                assert len(on) <= 2, f"three approaches of junction {j} not red at once"
+                if len(on) == 2:
+                    assert math.cos(head[on[0]] - head[on[1]]) < -0.7, (j, on)
     assert seen.all(), "every light should go through green, yellow and red"
+
+
+def _light_junction(lt, light):
+    return int(np.flatnonzero(lt.signalised == lt.junction_of_light[light])[0])
+
+
+@pytest.mark.parametrize("control", ["actuated", "fixed"])
+def test_actuated_signal_serves_a_waiting_vehicle_early(town02, control):
+    """One vehicle comes up to a red light while the crossing phase is green with nobody on it:
+    an actuated signal turns it green after the shortest green plus yellow and all-red (10 s),
+    a fixed one only after the full green (15 s); with nobody anywhere an actuated signal rests."""
+    tp = TrafficParams(signal_control=control, stuck_respawn=None)
+    world = LiteWorld(town02, SimConfig(vehicles=1, traffic=tp))
+    world.reset(0, ego_pose=OFF_MAP)
+    lt, rm = world.lights, town02
+    lane = int(np.flatnonzero((lt.lane_light >= 0) & (rm.length > 35.0))[0])
+    light = int(lt.lane_light[lane])
+    k = _light_junction(lt, light)
+    world.v_lane[0], world.v_s[0], world.v_v[0] = lane, float(rm.length[lane]) - 30.0, 0.0
+    world._fill_path(0)
+    # the other phase of its junction has just turned green (and the fixed cycle is there too)
+    other = 1 - int(lt.phase[light])
+    world.sig_phase[k], world.sig_stage[k], world.sig_timer[k] = other, 0, 0.0
+    slot = tp.green + tp.yellow + tp.all_red
+    world.light_offset[k] = other * slot - world.time
+    world.step((0.0, 0.0))
+    assert world.light_state[light] == RED
+    green_at = None
+    for _ in range(200):
+        world.step((0.0, 0.0))
+        if green_at is None and world.light_state[light] == int(LightState.GREEN):
+            green_at = world.time
+    expected = tp.min_green + tp.yellow + tp.all_red if control == "actuated" else slot
+    assert green_at == pytest.approx(expected + 0.1, abs=0.25)
+    assert world.v_lane[0] != lane  # it went through
+
+
+def test_actuated_signals_rest_without_demand(town02):
+    world = LiteWorld(town02, SimConfig())  # no traffic; the ego off the map
+    world.reset(0, ego_pose=OFF_MAP)
+    for _ in range(100):  # whatever was yellow or all-red at the start ends
+        world.step((0.0, 0.0))
+    before = world.light_state.copy()
+    for _ in range(600):  # 60 s
+        world.step((0.0, 0.0))
+        assert np.array_equal(world.light_state, before)
+    assert (before == int(LightState.GREEN)).sum() >= len(world.lights.junction_groups)
 
 
 # ================================================================== 3. no lock-up
@@ -502,6 +563,8 @@ def test_density_config_applies_preset_and_overrides():
     (dict(dt=-0.1), "dt"),
     (dict(dt=float("nan")), "dt"),
     (dict(traffic=TrafficParams(signals="sometimes")), "signals"),
+    (dict(traffic=TrafficParams(signal_phases="pairs")), "opposite, single"),
+    (dict(traffic=TrafficParams(signal_control="smart")), "actuated, fixed"),
 ])
 def test_invalid_simconfig_raises(kw, word):
     with pytest.raises(ValueError, match=word):

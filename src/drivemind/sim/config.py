@@ -31,7 +31,8 @@ class TrafficParams:
     """Background traffic: IDM car following, junction reservations, traffic lights, walkers."""
 
     speed_limit_kmh: float = 30.0  # CARLA towns' urban limit; caps every lane
-    lateral_accel: float = 2.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane
+    lateral_accel: float = 3.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane (drivers
+    #                             take urban junction turns at about 3-4 m/s^2)
     speed_offset: tuple[float, float] = (-0.1, 0.1)  # each vehicle drives at the lane's limit
     #                                                   times 1 + U(lo, hi)
     idm_s0: float = 2.0  # m, standstill gap
@@ -41,7 +42,16 @@ class TrafficParams:
     request_margin: float = 8.0  # m added to the braking distance when asking for a junction
     conflict_distance: float = 2.6  # m: connectors closer than this conflict
     signals: str = "landmarks"  # landmarks | all | none: which junctions get traffic lights
-    green: float = 10.0  # s (CARLA's default light timings)
+    signal_phases: str = "opposite"  # opposite: opposite approaches green together (two-phase
+    #                                  plans); single: one approach at a time (CARLA's group cycle)
+    signal_control: str = "actuated"  # actuated: a green phase ends early when its approaches
+    #                                   are empty and another phase has demand, and rests in green
+    #                                   while no other has (vehicle-actuated control); fixed: each
+    #                                   phase green for ``green`` s in turn (CARLA's cycle)
+    min_green: float = 5.0  # s, actuated: shortest green
+    detector_distance: float = 30.0  # m before the stop line that counts as demand (actuated)
+    green: float = 10.0  # s (CARLA's default light timings; actuated: the longest green while
+    #                      another phase has demand)
     yellow: float = 3.0
     all_red: float = 2.0
     walker_speed: tuple[float, float] = (0.8, 1.5)  # m/s (DriveVLM-RL)
@@ -54,6 +64,8 @@ class TrafficParams:
     mobil_politeness: float = 0.3  # share of the new follower's loss counted against a change
     mobil_threshold: float = 0.3  # m/s^2 a change must gain
     mobil_b_safe: float = 3.0  # m/s^2: the new follower may have to brake at most this hard
+    wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
+    #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
     #                                     respawned elsewhere (SUMO's teleport); None: never
 
@@ -80,6 +92,12 @@ class SimConfig:
         if self.traffic.signals not in ("landmarks", "all", "none"):
             raise ValueError(f"traffic.signals must be one of landmarks, all, none; got "
                              f"{self.traffic.signals!r}")
+        if self.traffic.signal_control not in ("actuated", "fixed"):
+            raise ValueError(f"traffic.signal_control must be one of actuated, fixed; got "
+                             f"{self.traffic.signal_control!r}")
+        if self.traffic.signal_phases not in ("opposite", "single"):
+            raise ValueError(f"traffic.signal_phases must be one of opposite, single; got "
+                             f"{self.traffic.signal_phases!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)

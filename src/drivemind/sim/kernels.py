@@ -13,8 +13,11 @@ import numpy as np
 
 INF = 1e9
 EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
-WALKER_GIVE_UP = 3.0
-STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted  # s a crossing walker waits in front of a vehicle before it turns back
+WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
+NO_BLOCKER = -1  # codes of traffic_step's ``blocker`` other than a vehicle's index
+BLOCKED_OTHER = -2  # the ego or a walker
+BLOCKED_LIGHT = -3  # a red or yellow light
+STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted
 
 
 @nb.njit(cache=True, inline="always")
@@ -154,21 +157,20 @@ def pairwise_overlaps(pos, ayaw, ext, skip_cls, cls, out):
 
 
 @nb.njit(cache=True)
-def light_states(t, jn_offset, jn_groups, green, yellow, allred, out):
-    """State of every light: junction k cycles its groups one at a time (green, yellow, all-red)."""
+def light_states(t, jn_offset, jn_groups, light_phase, jn_phases, green, yellow, allred, out):
+    """State of every light: junction k cycles its ``jn_phases[k]`` phases one at a time (green,
+    yellow, all-red); its ``jn_groups[k]`` lights are green in phase ``light_phase``."""
     slot = green + yellow + allred
+    base = 0
     for k in range(jn_groups.shape[0]):
         g = jn_groups[k]
         if g == 0:
             continue
-        tm = (t + jn_offset[k]) % (slot * g)
+        tm = (t + jn_offset[k]) % (slot * jn_phases[k])
         active = int(tm // slot)
         ph = tm - active * slot
-        base = 0
-        for q in range(k):
-            base += jn_groups[q]
         for q in range(g):
-            if q != active:
+            if light_phase[base + q] != active:
                 out[base + q] = 2
             elif ph < green:
                 out[base + q] = 0
@@ -176,6 +178,72 @@ def light_states(t, jn_offset, jn_groups, green, yellow, allred, out):
                 out[base + q] = 1
             else:
                 out[base + q] = 2
+        base += g
+
+
+@nb.njit(cache=True)
+def light_demand(lane, s, length, lane_light, ego_lane, ego_s, dist, out):
+    """Which lights have a vehicle (or the ego) on a lane they control, within ``dist`` m of its
+    end (the detectors of a vehicle-actuated signal)."""
+    out[:] = False
+    for i in range(lane.shape[0]):
+        li = lane_light[lane[i]]
+        if li >= 0 and length[lane[i]] - s[i] < dist:
+            out[li] = True
+    if ego_lane >= 0:
+        li = lane_light[ego_lane]
+        if li >= 0 and length[ego_lane] - ego_s < dist:
+            out[li] = True
+
+
+@nb.njit(cache=True)
+def lights_actuated(dt, jn_groups, light_phase, jn_phases, demand, min_green, max_green, yellow,
+                    allred, phase, stage, timer, out):
+    """Vehicle-actuated signals (as SUMO's ``actuated`` programs and most real controllers): a
+    junction's green phase ends (yellow, then all-red) only when another phase has demand, and
+    then once it has been green ``min_green`` s with nobody left to serve, or ``max_green`` s in
+    any case; with no demand elsewhere it rests in green. The next phase is the next one in order
+    with demand (else simply the next). State per junction, kept between calls: ``phase``,
+    ``stage`` (0 green, 1 yellow, 2 all-red) and ``timer`` (s in that stage)."""
+    base = 0
+    for k in range(jn_groups.shape[0]):
+        g = jn_groups[k]
+        P = jn_phases[k]
+        timer[k] += dt
+        if stage[k] == 0:
+            mine = False
+            other = False
+            for q in range(g):
+                if demand[base + q]:
+                    if light_phase[base + q] == phase[k]:
+                        mine = True
+                    else:
+                        other = True
+            if other and timer[k] >= min_green and (not mine or timer[k] >= max_green):
+                stage[k] = 1
+                timer[k] = 0.0
+        elif stage[k] == 1:
+            if timer[k] >= yellow:
+                stage[k] = 2
+                timer[k] = 0.0
+        elif timer[k] >= allred:
+            nxt = (phase[k] + 1) % P
+            for d in range(1, P + 1):
+                p = (phase[k] + d) % P
+                want = False
+                for q in range(g):
+                    if demand[base + q] and light_phase[base + q] == p:
+                        want = True
+                        break
+                if want:
+                    nxt = p
+                    break
+            phase[k] = nxt
+            stage[k] = 0
+            timer[k] = 0.0
+        for q in range(g):
+            out[base + q] = stage[k] if light_phase[base + q] == phase[k] else 2
+        base += g
 
 
 @nb.njit(cache=True)
@@ -227,8 +295,12 @@ def traffic_step(
     # params
     s0, T, bmax, lookahead, req_extra,
     # outputs
-    xy, heading,
+    xy, heading, blocker,
 ):
+    """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
+    for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
+    keeping its junction reservation from being granted), or NO_BLOCKER, BLOCKED_OTHER (the ego,
+    a walker), BLOCKED_LIGHT (a red or yellow light)."""
     n = lane.shape[0]
     K = path.shape[1]
     # the ego's body as EGO_CIRCLES circles along its length that cover its box (one circle round
@@ -244,6 +316,7 @@ def traffic_step(
     nxt_k = np.full(n, -1, np.int64)
     dstop = np.full(n, INF)
     light_block = np.zeros(n, np.bool_)
+    rej = np.full(n, NO_BLOCKER, np.int64)  # who kept a request from being granted this step
     for i in range(n):
         cum = -s[i]
         for k in range(K):
@@ -256,12 +329,18 @@ def traffic_step(
                 dstop[i] = cum
                 inc = path[i, k - 1]
                 li = lane_light[inc]
-                if li >= 0 and grant[i] != l:
+                if li >= 0:
                     st = light_state[li]
-                    if st == 2:
-                        light_block[i] = True
-                    elif st == 1 and cum > v[i] * v[i] / (2.0 * bcomf[i]) + 1.0:
-                        light_block[i] = True
+                    can_stop = cum > v[i] * v[i] / (2.0 * bcomf[i]) + 1.0
+                    if grant[i] == l and not entered[i] and st != 0 and can_stop:
+                        # granted while green, and the light changed before it got there: it
+                        # gives the reservation back and stops
+                        grant[i] = -1
+                    if grant[i] != l:
+                        if st == 2:
+                            light_block[i] = True
+                        elif st == 1 and can_stop:
+                            light_block[i] = True
                 break
             cum += length[l]
             if cum > lookahead:
@@ -307,6 +386,7 @@ def traffic_step(
             keys[q] = -wait[req[q]] * 1000.0 + dstop[req[q]]
         order = np.argsort(keys)
         claimed = np.empty(nr, np.int64)  # connectors of long waiters not granted this step
+        claimer = np.empty(nr, np.int64)
         ncl = 0
         for q in range(nr):
             i = req[order[q]]
@@ -316,6 +396,7 @@ def traffic_step(
             for q2 in range(ncl):
                 if conflict[c, claimed[q2]] == 1 or c == claimed[q2]:
                     ok = False
+                    rej[i] = claimer[q2]
                     break
             for j in range(n):
                 if j == i:
@@ -326,21 +407,28 @@ def traffic_step(
                 ahead = conflict[c, lj] == 2 and s[j] - hl[j] > 2.0 * hl[i] + s0
                 if junction[lj] >= 0 and conflict[c, lj] and not ahead:
                     ok = False
+                    rej[i] = j
                     break
                 gj = grant[j]
                 if gj >= 0 and conflict[c, gj] and not (ahead and gj == lj):
                     ok = False
+                    rej[i] = j
                     break
+            if not ok and rej[i] == NO_BLOCKER:
+                rej[i] = BLOCKED_OTHER
             if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
                 ok = False
+                rej[i] = BLOCKED_OTHER
             for q in range(ego_nj):  # junction lanes the ego may be on
                 if ok and conflict[c, ego_jlanes[q]]:
                     ok = False
+                    rej[i] = BLOCKED_OTHER
             if ok and ego_coming:
                 for q in range(succ.shape[1]):
                     e = succ[ego_lane, q]
                     if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
                         ok = False
+                        rej[i] = BLOCKED_OTHER
                         break
             if ok:
                 # the connector must not pass through the ego (its body as circles along its length)
@@ -353,6 +441,7 @@ def traffic_step(
                         dy = pts[p, 1] - ego_circ[m, 1]
                         if dx * dx + dy * dy < lim * lim:
                             ok = False
+                            rej[i] = BLOCKED_OTHER
                             break
                     if not ok:
                         break
@@ -367,13 +456,16 @@ def traffic_step(
                     free = 0.0
                     kk = k + 1
                     blocked_at = INF
+                    room_by = BLOCKED_OTHER  # who takes the room (the first one there)
                     while kk < K and path[i, kk] >= 0 and junction[path[i, kk]] < 0 and free < need:
                         ln = path[i, kk]
                         for j in range(n):
                             if j != i and lane[j] == ln and free + s[j] - hl[j] < blocked_at:
                                 blocked_at = free + s[j] - hl[j]
+                                room_by = j
                         if ego_lane == ln and free + ego_s - ego_r < blocked_at:
                             blocked_at = free + ego_s - ego_r
+                            room_by = BLOCKED_OTHER
                         if blocked_at < INF:
                             break
                         free += length[ln]
@@ -389,18 +481,21 @@ def traffic_step(
                             for q2 in range(K - 1):
                                 if path[j, q2] == grant[j] and path[j, q2 + 1] == e:
                                     free -= 2.0 * hl[j] + s0
+                                    room_by = j
                                     break
                     if free < need:
                         # a stretch shorter than a car to the next junction will do if it is empty
                         short = kk < K and path[i, kk] >= 0 and junction[path[i, kk]] >= 0
                         if not (short and blocked_at == INF and free >= 0.0):
                             ok = False
+                            rej[i] = room_by
             if ok:
                 grant[i] = c
                 entered[i] = False
                 wait[i] = 0.0
             elif wait[i] > STARVE_WAIT:
                 claimed[ncl] = c
+                claimer[ncl] = i
                 ncl += 1
     # ---- pass 3: IDM acceleration
     wbuf = np.empty((walker_xy.shape[0], 2))  # walkers near the vehicle under consideration
@@ -408,6 +503,7 @@ def traffic_step(
     for i in range(n):
         gap = INF
         vl = 0.0
+        src = NO_BLOCKER  # what sets gap
         # leader along the lane path
         cum = -s[i]
         for k in range(K):
@@ -432,6 +528,7 @@ def traffic_step(
                 if g < gap:
                     gap = g
                     vl = v[j]
+                    src = j
             if gap < INF:
                 break
             cum += length[l]
@@ -445,6 +542,7 @@ def traffic_step(
                     if g < gap:
                         gap = g
                         vl = v[j]
+                        src = j
         # the ego on the path (by its lane) and by geometry
         if ego_lane >= 0:
             cum = -s[i]
@@ -457,6 +555,7 @@ def traffic_step(
                     if g < gap:
                         gap = g
                         vl = 0.0
+                        src = BLOCKED_OTHER
                     break
                 cum += length[l]
         dx = ego_xy[0] - xy[i, 0]
@@ -467,6 +566,7 @@ def traffic_step(
             if g < gap:
                 gap = g
                 vl = 0.0
+                src = BLOCKED_OTHER
         # walkers on the road
         q = 0
         for w in range(walker_xy.shape[0]):
@@ -483,12 +583,14 @@ def traffic_step(
             if g < gap:
                 gap = g
                 vl = 0.0
+                src = BLOCKED_OTHER
         # stop line: red light, or a junction not (yet) granted
         if nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
             g = dstop[i] - hl[i] - 0.5
             if g < gap:
                 gap = g
                 vl = 0.0
+                src = BLOCKED_LIGHT if light_block[i] else rej[i]
         # desired speed: class speed capped by this lane's and the next lane's curvature limit
         v0 = _v0(vfac[i], vcap[i], lane_vmax[lane[i]])
         if K > 1 and path[i, 1] >= 0 and length[lane[i]] - s[i] < 20.0:
@@ -506,6 +608,7 @@ def traffic_step(
         if gap < 0.3 and ai > 0.0:
             ai = 0.0
         acc[i] = ai
+        blocker[i] = src
         if v[i] < 0.3 and nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
             wait[i] += dt
         # standing time not explained by a red light ahead (the last-resort respawn's clock)
@@ -560,6 +663,48 @@ def traffic_step(
         xy[i, 0] = x
         xy[i, 1] = y
         heading[i] = h
+
+
+@nb.njit(cache=True)
+def wait_cycles(blocker, stuck, min_stand, cycle):
+    """Cycles of the waits-for graph: vehicle i waits for ``blocker[i]`` (its leader, or the
+    vehicle keeping its junction reservation from being granted) when it has stood at least
+    ``min_stand`` seconds (``stuck``: standing time not explained by a red light). Each vehicle
+    has one such edge, so every cycle is found by following them. Writes the cycle number of
+    each member to ``cycle`` (-1 elsewhere); returns the number of cycles. A vehicle waiting for
+    a light, the ego, a walker or one that is moving is on no cycle."""
+    n = blocker.shape[0]
+    state = np.zeros(n, np.int64)  # 0 unseen, 1 on the present walk, 2 done
+    order = np.empty(n, np.int64)
+    cycle[:] = -1
+    nc = 0
+    for start in range(n):
+        if state[start] != 0:
+            continue
+        m = 0
+        i = start
+        while True:
+            state[i] = 1
+            order[m] = i
+            m += 1
+            j = blocker[i]
+            if j < 0 or j >= n or stuck[i] < min_stand:
+                break
+            if state[j] == 1:  # back on this walk: j .. i is a cycle
+                q = m - 1
+                while True:
+                    cycle[order[q]] = nc
+                    if order[q] == j:
+                        break
+                    q -= 1
+                nc += 1
+                break
+            if state[j] == 2:
+                break
+            i = j
+        for q in range(m):
+            state[order[q]] = 2
+    return nc
 
 
 @nb.njit(cache=True, inline="always")

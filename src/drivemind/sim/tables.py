@@ -103,6 +103,8 @@ def lane_speed_limits(rm: RoadMap, limit: float, lat_accel: float) -> np.ndarray
 class LightTable:
     lane_light: np.ndarray  # (L,) light index controlling the end of this lane, -1 if none
     junction_groups: np.ndarray  # (J',) number of lights per signalised junction
+    phase: np.ndarray  # (M,) the phase (within its junction's cycle) in which this light is green
+    junction_phases: np.ndarray  # (J',) number of phases of each signalised junction's cycle
     junction_of_light: np.ndarray  # (M,) junction id
     pos: np.ndarray  # (M, 2)
     yaw: np.ndarray  # (M,)
@@ -110,13 +112,21 @@ class LightTable:
     signalised: np.ndarray  # junction ids
 
 
+OPPOSITE_COS = -0.7  # two approaches are opposite when their headings differ by more than ~134 deg
+
+
 def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0,
-                succ: np.ndarray | None = None) -> LightTable:
+                succ: np.ndarray | None = None, phases: str = "opposite") -> LightTable:
     """Traffic lights: every incoming road of a signalised junction gets one light.
 
     A junction is signalised if ``mode == 'all'`` and it has 3+ incoming roads, or if
     ``mode == 'landmarks'`` and a traffic-light signal of the map lies within ``landmark_radius``
-    of it. Lights of one junction turn green one incoming road at a time.
+    of it. ``phases``: ``'single'`` turns the lights of a junction green one incoming road at a
+    time (CARLA's traffic-light group cycle); ``'opposite'`` pairs each incoming road with the
+    most nearly opposite one (headings differing by more than ~134 degrees) and turns the pair
+    green together, as a two-phase signal plan does (turning vehicles give way to the oncoming
+    ones through the junction reservations); an approach with no opposite one has a phase of its
+    own. A 4-way junction thus has 2 phases instead of 4, a T-junction 2 instead of 3.
     """
     L = rm.n_lanes
     succ = rm.succ if succ is None else succ
@@ -131,7 +141,7 @@ def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0,
                 incoming.setdefault(j, {}).setdefault(rm.keys[lane][0], []).append(lane)
                 break
     lm = np.array([[m.x, m.y] for m in rm.light_landmarks]).reshape(-1, 2)
-    groups, jof, pos, yaw, lines, sig = [], [], [], [], [], []
+    groups, jof, pos, yaw, lines, sig, phase, nphases = [], [], [], [], [], [], [], []
     for k, j in enumerate(rm.junction_ids):
         roads = incoming.get(int(j), {})
         if mode == "none" or not roads:
@@ -147,7 +157,21 @@ def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0,
                 continue
         sig.append(int(j))
         groups.append(len(roads))
-        for road in sorted(roads):
+        order = sorted(roads)
+        heading = {r: float(rm.yaw[rm.offset[roads[r][0] + 1] - 1]) for r in order}
+        ph: dict[int, int] = {}
+        for r in order:
+            if r in ph:
+                continue
+            ph[r] = len(set(ph.values()))
+            if phases == "opposite":
+                free = [(np.cos(heading[q] - heading[r]), q) for q in order if q not in ph]
+                free = [(c, q) for c, q in free if c < OPPOSITE_COS]
+                if free:
+                    ph[min(free)[1]] = ph[r]
+        nphases.append(len(set(ph.values())))
+        for road in order:
+            phase.append(ph[road])
             idx = len(jof)
             jof.append(int(j))
             segs = []
@@ -162,7 +186,8 @@ def light_table(rm: RoadMap, mode: str, landmark_radius: float = 25.0,
             pos.append(segs.reshape(-1, 2).mean(0))
             e = rm.offset[roads[road][0] + 1] - 1
             yaw.append(float(rm.yaw[e]))
-    return LightTable(lane_light, np.array(groups, np.int64), np.array(jof, np.int64),
+    return LightTable(lane_light, np.array(groups, np.int64), np.array(phase, np.int64),
+                      np.array(nphases, np.int64), np.array(jof, np.int64),
                       np.array(pos, float).reshape(-1, 2), np.array(yaw, float), lines,
                       np.array(sig, np.int64))
 
@@ -269,14 +294,15 @@ def linked_roadmap(rm: RoadMap) -> RoadMap:
 def traffic_tables(rm: RoadMap, traffic) -> dict:
     """All tables for a TrafficParams, cached on the RoadMap per relevant parameters."""
     cache = rm.__dict__.setdefault("_traffic_tables", {})
-    key = (traffic.conflict_distance, traffic.speed_limit_kmh, traffic.lateral_accel, traffic.signals)
+    key = (traffic.conflict_distance, traffic.speed_limit_kmh, traffic.lateral_accel, traffic.signals,
+           traffic.signal_phases)
     if key not in cache:
         succ = traffic_successors(rm)
         sites, at_j = crossing_sites(rm, succ)
         cache[key] = dict(
             conflict=conflict_matrix(rm, traffic.conflict_distance, succ),
             vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
-            lights=light_table(rm, traffic.signals, succ=succ),
+            lights=light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases),
             sites=sites,
             site_at_junction=at_j,
             succ=succ,

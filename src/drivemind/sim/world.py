@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
 LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1 s)
+CYCLE_EVERY = 10  # steps between looks for waits-for cycles (1 Hz with dt = 0.1 s)
 
 # per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
@@ -85,6 +86,7 @@ class LiteWorld:
         self._static_contact = False
         self.npc_collision_total = 0
         self.npc_respawns = 0  # vehicles moved by the last-resort respawn
+        self.npc_wait_cycles = 0  # waits-for cycles (deadlocks) found and broken
         self.npc_max_stuck_s = 0.0  # longest standing time of a vehicle not at a red light
         self.spawned = dict(vehicles=0, motorcycles=0, bicycles=0, walkers=0)
 
@@ -114,12 +116,24 @@ class LiteWorld:
         self._spawn_walkers()
         self.light_offset = rng.uniform(0, 60.0, size=len(self.lights.junction_groups))
         self.light_state = np.zeros(len(self.lights.junction_of_light), np.int64)
-        self._update_lights()
+        # actuated signals' state, started where the fixed cycle would be at time 0
+        tp, lt = cfg.traffic, self.lights
+        slot = tp.green + tp.yellow + tp.all_red
+        tm = self.light_offset % (slot * np.maximum(lt.junction_phases, 1))
+        self.sig_phase = (tm // slot).astype(np.int64)
+        ph = tm - self.sig_phase * slot
+        self.sig_stage = np.where(ph < tp.green, 0, np.where(ph < tp.green + tp.yellow, 1, 2))
+        self.sig_stage = self.sig_stage.astype(np.int64)
+        self.sig_timer = ph - np.where(self.sig_stage == 0, 0.0,
+                                       np.where(self.sig_stage == 1, tp.green, tp.green + tp.yellow))
+        self._demand = np.zeros(len(lt.junction_of_light), np.bool_)
+        self._update_lights(0.0, -1, 0.0)
         self._ego_contacts.clear()
         self._npc_contacts.clear()
         self._static_contact = False
         self.npc_collision_total = 0
         self.npc_respawns = 0
+        self.npc_wait_cycles = 0
         self.npc_max_stuck_s = 0.0
         self._actors = self._actor_arrays()
         return self._snapshot([], 0)
@@ -153,6 +167,8 @@ class LiteWorld:
         self.v_entered = np.zeros(n, np.bool_)  # already on its reserved connector
         self.v_wait = np.zeros(n)
         self.v_stuck = np.zeros(n)  # s standing, not at a red light
+        self.v_blocker = np.full(n, K.NO_BLOCKER, np.int64)  # whom it waits for (traffic_step)
+        self._cycle = np.full(n, -1, np.int64)
         self.v_lat = np.zeros(n)  # m off the lane centre (right +) while changing lanes
         self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
         self.v_lctimer = np.zeros(n)  # s since its last lane change
@@ -214,6 +230,85 @@ class LiteWorld:
             log.info("t=%.1f s: vehicle %d stood %.0f s at lane %s s=%s; respawned at spawn point %d",
                      self.time, int(self.v_id[i]), limit, old[0], old[1], k)
 
+    def _break_wait_cycles(self, min_stand: float) -> int:
+        """Find the cycles of the waits-for graph (every member standing at least ``min_stand``
+        s, each waiting for the next: its leader, or the vehicle keeping its junction reservation
+        from being granted) and break each one deterministically:
+
+        1. the member with the lowest id that waits at a junction entry and has another way
+           through there takes it (the first one whose exit has room, else the first other one);
+           background vehicles have no destination, so a turn changed costs nothing;
+        2. else the member with the lowest id holding a reservation it has not yet used gives
+           it back.
+
+        Counted in ``npc_wait_cycles`` and logged. Returns the number of cycles broken."""
+        n = len(self.v_lane)
+        if len(self._cycle) != n:
+            self._cycle = np.full(n, -1, np.int64)
+        nc = K.wait_cycles(self.v_blocker, self.v_stuck, min_stand, self._cycle)
+        broken = 0
+        for c in range(nc):
+            members = sorted(np.flatnonzero(self._cycle == c).tolist(), key=lambda i: self.v_id[i])
+            how = None
+            for i in members:
+                if self._take_other_way(i):
+                    how = f"vehicle {int(self.v_id[i])} takes another way through its junction"
+                    break
+            if how is None:
+                for i in members:
+                    if self.v_grant[i] >= 0 and not self.v_entered[i]:
+                        self.v_grant[i] = -1
+                        how = f"vehicle {int(self.v_id[i])} gives its junction reservation back"
+                        break
+            if how is None:
+                log.info("t=%.1f s: waits-for cycle of vehicles %s found, nothing to change; the "
+                         "respawn is the backstop", self.time, [int(self.v_id[i]) for i in members])
+                continue
+            broken += 1
+            log.info("t=%.1f s: waits-for cycle of vehicles %s broken: %s", self.time,
+                     [int(self.v_id[i]) for i in members], how)
+        self.npc_wait_cycles += broken
+        return broken
+
+    def _take_other_way(self, i: int) -> bool:
+        """Vehicle i, standing before a junction it has no reservation for, switches to another
+        way through (one leaving the same lane); False if it has none or is not at a junction."""
+        path, junction, succ = self.v_path[i], self.map.junction, self.succ
+        k = next((k for k in range(1, PATH_LEN) if path[k] >= 0 and junction[path[k]] >= 0
+                  and junction[path[k - 1]] < 0), None)
+        j = int(self.v_blocker[i])
+        if k is None or self.v_grant[i] == path[k] or j < 0 or int(self.v_lane[j]) in path[:k]:
+            return False  # not at a junction, or waiting for its leader rather than for the junction
+        inc, cur = int(path[k - 1]), int(path[k])
+        alts = [int(c) for c in succ[inc] if c >= 0 and c != cur and junction[c] >= 0]
+        if not alts:
+            return False
+        need = 2.0 * self.v_hl[i] + self.cfg.traffic.idm_s0 + 1.0
+
+        def exit_free(c: int) -> bool:
+            e = c
+            for _ in range(PATH_LEN):  # through the way's own lanes to its exit
+                nxt = succ[e][succ[e] >= 0]
+                if not len(nxt) or junction[e] < 0:
+                    break
+                e = int(nxt[0])
+            if junction[e] >= 0:
+                return True
+            on = (self.v_lane == e) & (self.v_s - self.v_hl < need)
+            return not bool(on.any())
+
+        alt = next((c for c in alts if exit_free(c)), alts[0])
+        path[k:] = -1
+        path[k] = alt
+        lane = alt
+        for q in range(k + 1, PATH_LEN):
+            nxt = succ[lane][succ[lane] >= 0]
+            if not len(nxt):
+                break
+            lane = int(nxt[self.rng.integers(len(nxt))])
+            path[q] = lane
+        return True
+
     def _spawn_walkers(self):
         rng, cfg = self.rng, self.cfg
         W = cfg.walkers if len(self.sites) else 0
@@ -247,7 +342,6 @@ class LiteWorld:
         self._ego_step(steer, tb, dt)
         self.time += dt
         self.frame += 1
-        self._update_lights()
         e = self.ego
         ehl, ehw = cfg.ego.length / 2, cfg.ego.width / 2
         ego_r = math.hypot(ehl, ehw) * 0.5 + ehl * 0.5  # between half length and circumradius
@@ -255,6 +349,7 @@ class LiteWorld:
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
         self._ego_lane = ego_lane
+        self._update_lights(dt, ego_lane, ego_s)
         # in a junction, where connectors overlap, the ego may be on any of several
         nj = 0
         if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
@@ -287,12 +382,15 @@ class LiteWorld:
                 self.w_xy, self.w_state == 1,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
-                self.v_xy, self.v_yaw,
+                self.v_xy, self.v_yaw, self.v_blocker,
             )
         if n:
             m = float(self.v_stuck.max())
             if m > self.npc_max_stuck_s:
                 self.npc_max_stuck_s = m
+            if (tp.wait_cycle_after is not None and m >= tp.wait_cycle_after
+                    and self.frame % CYCLE_EVERY == 0):
+                self._break_wait_cycles(tp.wait_cycle_after)
             if tp.stuck_respawn is not None and m > tp.stuck_respawn:
                 self._respawn_stuck()
         if len(self.w_xy):
@@ -325,10 +423,17 @@ class LiteWorld:
         e.update(v=nv, yaw_rate=yaw_rate, accel=(nv - v) / dt, steer=steer, throttle=throttle,
                  brake=brake)
 
-    def _update_lights(self):
+    def _update_lights(self, dt: float, ego_lane: int, ego_s: float):
         lt, tp = self.lights, self.cfg.traffic
-        if len(lt.junction_groups):
-            K.light_states(self.time, self.light_offset, lt.junction_groups, tp.green, tp.yellow,
+        if len(lt.junction_groups) and tp.signal_control == "actuated":
+            K.light_demand(self.v_lane, self.v_s, self.map.length, lt.lane_light, ego_lane, ego_s,
+                           tp.detector_distance, self._demand)
+            K.lights_actuated(dt, lt.junction_groups, lt.phase, lt.junction_phases, self._demand,
+                              tp.min_green, tp.green, tp.yellow, tp.all_red, self.sig_phase,
+                              self.sig_stage, self.sig_timer, self.light_state)
+        elif len(lt.junction_groups):
+            K.light_states(self.time, self.light_offset, lt.junction_groups, lt.phase,
+                           lt.junction_phases, tp.green, tp.yellow,
                            tp.all_red, self.light_state)
 
     # ------------------------------------------------------------------ collisions
