@@ -740,8 +740,9 @@ def bench_reward_quality(args) -> dict:
     import torch
     from tqdm.auto import tqdm
 
-    from drivemind.evaluation.reward_quality import (HeldoutConfig, collect, evaluate_reward,
-                                                     plot_distributions, retrieval_top1)
+    from drivemind.evaluation.reward_quality import (HeldoutConfig, action_alignment, collect,
+                                                     evaluate_reward, plot_distributions,
+                                                     retrieval_top1)
     from drivemind.rewards import REWARDS
 
     if args.threads:
@@ -803,6 +804,9 @@ def bench_reward_quality(args) -> dict:
     ret = retrieval_top1(data, text if text is not None else MiniLMTextEncoder())
     out["retrieval_top1"] = ret["accuracy"]
     out["retrieval"] = ret
+    al = action_alignment(data, text)  # Found-RL's P(a_t) against 1/30
+    out["found_rl_p_at"], out["found_rl_top1"] = al["p_mean"], al["top1"]
+    out["found_rl_alignment"] = al
     per, plot_vals = {}, {}
     for name in names:
         t1 = time.perf_counter()
