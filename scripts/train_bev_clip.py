@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
                     help="comma-separated training towns (not Town01/03/05: held out)")
     ap.add_argument("--densities", default="empty,regular,dense,drivevlm", help="comma-separated densities")
     ap.add_argument("--drivers", default="expert,perturbed,random", help="comma-separated drivers")
-    ap.add_argument("--steps", type=int, default=1200, help="env steps per town x density x driver")
+    ap.add_argument("--steps", type=int, default=1000, help="env steps per town x density x driver")
     ap.add_argument("--every", type=int, default=4,
                     help="keep every n-th frame (plus the 2 s before a crash and near misses)")
     ap.add_argument("--max-frames", type=int, default=None, help="stop keeping frames at this many")
