@@ -30,8 +30,8 @@ from torch.nn import functional as F
 
 from .bev_clip import BevClip, _caption_ids
 
-LOSS_WEIGHTS = {"scene": 1.0, "action": 1.0, "risk": 0.25, "polarity": 2.0, "teacher": 1.0}
-POLARITY_SCALE, POLARITY_MARGIN = 10.0, 0.5
+LOSS_WEIGHTS = {"scene": 1.0, "action": 1.0, "risk": 0.25, "polarity": 1.0, "teacher": 0.5}
+POLARITY_SCALE, POLARITY_MARGIN = 10.0, 0.3
 
 
 def _soft_nce(logits: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
