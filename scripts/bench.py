@@ -959,7 +959,7 @@ def main(argv=None):
     p.add_argument("--drivers", default="expert,perturbed,random")
     p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
     p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
-    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP trained on 0-201)")
+    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP is trained below 10000)")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
     p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
                                                     "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")

@@ -7,8 +7,9 @@ reward's per-step value tells danger from safety on it (``scripts/bench.py rewar
 
 **The set.** The lite simulator drives ``towns`` x ``densities`` x ``drivers`` for ``steps`` env
 steps each, with seeds from ``seed`` (default 10 000: the shipped BEV-CLIP was trained on the
-built-in towns grid/curves/avenue with seeds 0-201, so the CARLA towns Town01/03/05 (shipped with
-the package) are unseen and the built-in town's seeds are disjoint). Drivers: ``expert`` (the
+built-in towns grid/curves and Town02 with seed 0 - ``drivemind.vlm.supervision`` refuses
+Town01/03/05 and seeds from 10 000 -, so the CARLA towns Town01/03/05 (shipped with the package)
+are unseen and the built-in town's episodes are drawn from another seed). Drivers: ``expert`` (the
 built-in autopilot), ``perturbed`` (the expert with the frame collectors' perturbation episodes,
 ``sim.autopilot.perturb_expert``: drift, rush, brake; the crash-prone rush episodes oversampled,
 ``PERTURBED_MIX``) and ``random`` (uniform random actions, each held for 5 steps). Every
