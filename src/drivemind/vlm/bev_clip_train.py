@@ -59,7 +59,6 @@ class _Texts:
 
     def __init__(self, targets: dict, safe, danger, text_encoder):
         from ..privileged import RISK_VOCABULARY
-        from .captions import describe, situation  # noqa: F401
 
         enc = (lambda xs: torch.as_tensor(text_encoder.encode(list(xs))))
         self.scene_uniq, self.scene_id = _caption_ids(targets["scene"])
