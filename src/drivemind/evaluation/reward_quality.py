@@ -7,8 +7,9 @@ reward's per-step value tells danger from safety on it (``scripts/bench.py rewar
 
 **The set.** The lite simulator drives ``towns`` x ``densities`` x ``drivers`` for ``steps`` env
 steps each, with seeds from ``seed`` (default 10 000: the shipped BEV-CLIP was trained on the
-built-in towns grid/curves/avenue with seeds 0-201, so the CARLA towns Town01/03/05 (shipped with
-the package) are unseen and the built-in town's seeds are disjoint). Drivers: ``expert`` (the
+built-in towns grid/curves and Town02 with seed 0 - ``drivemind.vlm.supervision`` refuses
+Town01/03/05 and seeds from 10 000 -, so the CARLA towns Town01/03/05 (shipped with the package)
+are unseen and the built-in town's episodes are drawn from another seed). Drivers: ``expert`` (the
 built-in autopilot), ``perturbed`` (the expert with the frame collectors' perturbation episodes,
 ``sim.autopilot.perturb_expert``: drift, rush, brake; the crash-prone rush episodes oversampled,
 ``PERTURBED_MIX``) and ``random`` (uniform random actions, each held for 5 steps). Every
@@ -433,6 +434,24 @@ def retrieval_top1(data: HeldoutSet, text_encoder) -> dict:
     return retrieval_accuracy(None, None, data.captions, text_encoder, image_embeddings=data.embedding)
 
 
+def action_alignment(data: HeldoutSet, text_encoder=None, tau: float = 100.0) -> dict:
+    """Found-RL's action alignment on the set (``found_rl_clip``'s softmax over the 30 action
+    prompts of each row's context, tau as in its config): mean P(a_t) of the action taken,
+    top-1 (the taken action ranked first) and their chance level 1/30."""
+    from ..rewards.found_rl import FoundRLClip
+
+    if data.embedding is None:
+        raise ValueError("the held-out set has no embeddings: collect it with embed=...")
+    r = FoundRLClip(tau=tau, text_encoder=text_encoder)
+    batch = data.batch()
+    p = r.probabilities(batch)
+    act = r.action_index(batch)
+    rows = np.arange(len(p))
+    return {"p_mean": float(p[rows, act].mean()) if len(p) else float("nan"),
+            "top1": float((p.argmax(1) == act).mean()) if len(p) else float("nan"),
+            "chance": 1.0 / 30, "tau": float(tau), "n": int(len(p))}
+
+
 def plot_distributions(values: dict, data: HeldoutSet, path) -> str:
     """One panel per reward: histograms of its values on danger (collision within 1 s) and safe
     rows, each reward's AUROC in the title when given as ``values[name] = (vals, auroc)``."""
@@ -468,6 +487,6 @@ def plot_distributions(values: dict, data: HeldoutSet, path) -> str:
     return str(path)
 
 
-__all__ = ["DRIVERS", "HELDOUT_TOWNS", "LABEL_KEYS", "HeldoutConfig", "HeldoutSet", "auroc",
+__all__ = ["DRIVERS", "HELDOUT_TOWNS", "LABEL_KEYS", "HeldoutConfig", "HeldoutSet", "action_alignment", "auroc",
            "collect", "evaluate_reward", "label_episode", "plot_distributions", "retrieval_top1",
            "standstill_twin", "win_rate"]

