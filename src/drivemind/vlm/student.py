@@ -16,8 +16,10 @@ and embeddings, the paper's online distillation) but
 - is sized for the CPU (:class:`StudentConfig`: a 128-wide, 4-layer decoder, a 64 px vision input
   giving 16 image tokens), still **random base weights**: everything it knows comes from the
   LoRA steps on the teacher's answers;
-- trains with a learning rate for adapters on a random base (1e-3; the paper's 5e-5 is for
-  adapters on a pretrained SmolVLM).
+- puts LoRA adapters also on ``lm_head`` and the image connector (a random frozen output head
+  keeps the logits near uniform; a random frozen connector hides the image) and trains them with
+  a learning rate for adapters on a random base (1e-3; the paper's 5e-5 is for adapters on a
+  pretrained SmolVLM).
 
 The defaults are configs/generator/student_smolvlm.yaml's (``reward.params.generator=
 student_smolvlm``); ``python scripts/bench.py distill`` measures how well it learns
@@ -168,14 +170,14 @@ def build_student_smolvlm(config: StudentConfig | None = None, seed: int = 0):
     return model.eval(), tok, proc
 
 
-# LoRA on the paper's decoder projections, plus the output head and the image connector: a random
-# base has no trained output head (its logits stay near uniform, so the loss cannot fall although
-# the argmax is right) and no trained image projection; a pretrained SmolVLM has both.
 # the generator's defaults for the student (configs/generator/student_smolvlm.yaml)
 STUDENT_DEFAULTS = dict(lr=1e-3, lora_rank=16, lora_alpha=32, max_new_tokens=96)
 
 
 def _targets() -> str:
+    """LoRA on the paper's decoder projections, plus the output head and the image connector: a
+    random base has no trained output head (its logits stay near uniform, so the loss cannot fall
+    although the argmax is right) and no trained image projection; a pretrained SmolVLM has both."""
     from .smolvlm import LORA_TARGETS
 
     return LORA_TARGETS + r"|lm_head|.*connector\.modality_projection\.proj"
@@ -193,6 +195,14 @@ def make_student(seed: int = 0, **kwargs):
     if "path" in kwargs or "_parts" in kwargs:
         raise ValueError("student_smolvlm builds its own random model; use the generator kind "
                          "'smolvlm' with path=DIR for a checkpoint")
+    import inspect
+
+    gen_opts = [n for n in inspect.signature(SmolVLMGenerator.__init__).parameters
+                if n not in ("self", "path", "_parts")]
+    bad = sorted(set(kwargs) - set(gen_opts))
+    if bad:
+        raise ValueError(f"unknown student_smolvlm option(s) {bad}; valid: "
+                         f"{', '.join(sorted(names) + gen_opts)}, seed")
     opts = {**STUDENT_DEFAULTS, "lora_targets": _targets(), **kwargs}
     gen = SmolVLMGenerator(_parts=build_student_smolvlm(StudentConfig.from_kwargs(sizes), seed), **opts)
     gen.name = STUDENT_NAME
