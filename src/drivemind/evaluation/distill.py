@@ -171,7 +171,10 @@ def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
     from ..vlm.prompts import PrivilegedTeacher
 
     t0 = time.perf_counter()
+    # built first: a bad student option fails before the drive
+    student = make_generator("student_smolvlm", teacher=None, seed=cfg.seed, **dict(cfg.student))
     teacher = PrivilegedTeacher()
+    t_drive = time.perf_counter()
     rng = np.random.default_rng([cfg.seed, 1])
     train_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.env_steps, cfg.every,
                                cfg.train_seed, cfg.bev)
@@ -187,9 +190,8 @@ def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
     heldout = [heldout_all[i] for i in sorted(ho_idx)]
     counts = collections.Counter(_pair(teacher, s) for s in train)
     majority = counts.most_common(1)[0][0]
-    collect_s = time.perf_counter() - t0
+    collect_s = time.perf_counter() - t_drive
 
-    student = make_generator("student_smolvlm", teacher=None, seed=cfg.seed, **dict(cfg.student))
     curve, losses, learn_s = [], [], 0.0
 
     def point(step):
