@@ -95,6 +95,17 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
      --pretrained / --weights-path override; needs the vision extra). Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
+
+    python scripts/bench.py distill [--lora-steps 600 --eval-every 100 --set lora_rank=8]
+
+distill: does the prompt distillation work? A student_smolvlm (a CPU-sized random SmolVLM with a
+     BPE tokenizer trained on the teacher's outputs, configs/generator/student_smolvlm.yaml)
+     distilled online from the privileged teacher, one LoRA step per teacher-labelled scene the
+     lite simulator drives (drivemind.evaluation.distill: built-in towns, three drivers, the
+     stream capped per teacher answer), measured every --eval-every steps on held-out scenes
+     (disjoint seeds). Reports parse_rate (share of answers parse_prompt_json accepts), agreement
+     (present and ideal prompts both equal the teacher's on the same scene), agreement_present,
+     agreement_ideal, majority_agreement (a constant answer's), the curve, and a PNG of it.
 """
 
 from __future__ import annotations
@@ -830,6 +841,51 @@ def bench_reward_quality(args) -> dict:
     return _finite_json(out)
 
 
+def bench_distill(args) -> dict:
+    import torch
+    import yaml
+
+    from drivemind.evaluation.distill import DistillConfig, plot_curve, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    conf = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    student = dict((conf or {}).get("kwargs") or {})
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--set wants key=value (e.g. lora_rank=8), got {item!r}")
+        student[key] = yaml.safe_load(value)
+    split = (lambda s: tuple(x.strip() for x in s.split(",") if x.strip()))
+    try:
+        cfg = DistillConfig(towns=split(args.towns), densities=split(args.densities),
+                            drivers=split(args.drivers), env_steps=args.env_steps,
+                            heldout_env_steps=args.heldout_env_steps, every=args.every,
+                            max_share=args.max_share, lora_steps=args.lora_steps,
+                            eval_every=args.eval_every, eval_scenes=args.eval_scenes,
+                            seed=args.seed, bev=args.bev, student=student)
+    except ValueError as e:
+        raise SystemExit(f"distill: {e}") from None
+
+    def progress(m):
+        print(f"step {m['step']}: parse_rate {m['parse_rate']:.3f} agreement {m['agreement']:.3f} "
+              f"(present {m['agreement_present']:.3f}, ideal {m['agreement_ideal']:.3f}, majority "
+              f"{m['majority_agreement']:.3f}) loss {m['loss']}", file=sys.stderr, flush=True)
+
+    try:
+        out = run(cfg, progress=progress)
+    except ValueError as e:
+        raise SystemExit(f"distill: {e}") from None
+    for k in ("parse_rate", "agreement", "agreement_present", "agreement_ideal", "majority_agreement",
+              "learn_s_per_step", "collect_s", "seconds"):
+        out[k] = round(float(out[k]), 4)
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        out["plot"] = plot_curve(out["curve"], args.plot)
+    out.update(machine())
+    return _finite_json(out)
+
+
 def _finite_json(x):
     """NaN / inf -> None, recursively (strict JSON)."""
     import math
@@ -977,6 +1033,26 @@ def main(argv=None):
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
+    p = sub.add_parser("distill", help="prompt distillation: a student_smolvlm distilled online from the "
+                                       "privileged teacher, parse rate and agreement on held-out scenes")
+    p.add_argument("--towns", default="grid,curves,avenue")
+    p.add_argument("--densities", default="regular,dense")
+    p.add_argument("--drivers", default="expert,perturbed,random")
+    p.add_argument("--env-steps", type=int, default=300, help="training drive: env steps per town x density x driver")
+    p.add_argument("--heldout-env-steps", type=int, default=150, help="held-out drive: the same")
+    p.add_argument("--every", type=int, default=3, help="keep every n-th frame")
+    p.add_argument("--max-share", type=float, default=0.2, help="cap of one teacher answer in the training stream")
+    p.add_argument("--lora-steps", type=int, default=600, help="LoRA steps (one per training scene)")
+    p.add_argument("--eval-every", type=int, default=100, help="LoRA steps between two points of the curve")
+    p.add_argument("--eval-scenes", type=int, default=40, help="held-out scenes answered at each point")
+    p.add_argument("--seed", type=int, default=0, help="the student's initial weights and the stream's order")
+    p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
+    p.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "generator"
+                                           / "student_smolvlm.yaml"), help="the student's config ('' : code defaults)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a student option (repeatable), e.g. lora_rank=8")
+    p.add_argument("--plot", default="outputs/bench/distill.png", help="curve PNG ('' : none)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     sub.add_parser("reward-dist", help="reward distribution W1/KS between two towns "
                                        "(scripts/reward_distribution.py; its options follow)")
     sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "
@@ -986,7 +1062,7 @@ def main(argv=None):
               "train": bench_train, "reward": bench_reward, "learn": bench_learn,
               "side-by-side": bench_side_by_side,
               "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive,
-              "reward-quality": bench_reward_quality}[args.what](args)
+              "reward-quality": bench_reward_quality, "distill": bench_distill}[args.what](args)
     print(json.dumps(result))
     return result
 

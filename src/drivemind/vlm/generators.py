@@ -14,6 +14,10 @@ smolvlm               SmolVLM-256M + LoRA distilled online from a teacher
                       (:class:`DistilledGenerator`; ``teacher`` picks the teacher's kind)
 tiny_smolvlm          the same on a tiny random Idefics3 model (**untrained random
                       weights**, a stand-in for smoke runs; its outputs are noise)
+student_smolvlm       the same on a CPU-sized random Idefics3 with a BPE tokenizer trained
+                      on the teacher's outputs (:mod:`drivemind.vlm.student`): random base
+                      weights that learn the teacher's JSON from the LoRA steps
+                      (``scripts/bench.py distill``)
 ===================== ===================================================================
 """
 
@@ -28,7 +32,7 @@ from .prompts import MalformedPrompt, PrivilegedTeacher, PromptRequest
 
 log = logging.getLogger(__name__)
 
-KINDS = ("privileged_teacher", "smolvlm", "http", "tiny_smolvlm")
+KINDS = ("privileged_teacher", "smolvlm", "http", "tiny_smolvlm", "student_smolvlm")
 TEACHER_KINDS = ("privileged_teacher", "http")
 
 
@@ -144,7 +148,10 @@ def make_generator(kind: str = "privileged_teacher", **kwargs):
       ``adapter_path``, ...; ``seed`` for the tiny model) plus ``teacher`` (a teacher kind,
       default ``privileged_teacher``; ``None`` for the student alone, e.g. with a trained
       adapter), ``teacher_kwargs``, ``warmup``, ``save_dir``, ``save_every``
-      (:class:`DistilledGenerator`'s)."""
+      (:class:`DistilledGenerator`'s).
+    - ``student_smolvlm``: the same, with :func:`~drivemind.vlm.student.make_student`'s options
+      (:class:`~drivemind.vlm.student.StudentConfig`'s sizes, ``seed``; defaults in
+      configs/generator/student_smolvlm.yaml)."""
     if kind not in KINDS:
         raise ValueError(f"unknown prompt generator kind {kind!r}; valid kinds: {', '.join(KINDS)}")
     if "api_key" in kwargs:
@@ -171,6 +178,10 @@ def make_generator(kind: str = "privileged_teacher", **kwargs):
         student = SmolVLMGenerator.tiny(seed=seed, **kwargs)
         log.warning("prompt generator tiny_smolvlm: a random tiny SmolVLM with UNTRAINED random "
                     "weights (a stand-in for smoke runs; its answers are noise)")
+    elif kind == "student_smolvlm":
+        from .student import make_student
+
+        student = make_student(**kwargs)
     else:
         student = SmolVLMGenerator(**kwargs)
     if teacher_obj is None:

@@ -190,7 +190,11 @@ class PrivilegedTeacher:
         return out
 
     def prompts(self, facts: dict) -> PromptSet:
-        sit = situation(facts)
+        return self.prompts_for(situation(facts))
+
+    def prompts_for(self, sit: dict[str, str]) -> PromptSet:
+        """The prompts of a discrete situation (one key of each caption table,
+        :func:`~drivemind.vlm.captions.situation`)."""
         risks = self.risks(sit)
         table = {"collision": COLLISION, "ahead": AHEAD, "light": LIGHT, "lane": LANE, "speed": SPEED}
         present_parts = []

@@ -269,7 +269,8 @@ class SmolVLMGenerator:
     ``lr``/``weight_decay``: AdamW (the paper's lr 5e-5; torch's default decay 0.01);
     ``cot_weight``: lambda in L = CE(prompt) + lambda CE(CoT); ``max_new_tokens``: decoding limit;
     ``adapter_path``: a folder written by :meth:`save_adapter` to start from (its own rank and
-    targets win over ``lora_*``); ``bev_config``: the BevConfig of the request's masks (default
+    targets win over ``lora_*``); ``lora_targets``: the regex of the modules given adapters
+    (default ``LORA_TARGETS``, the paper's decoder projections); ``bev_config``: the BevConfig of the request's masks (default
     Roach's 15 channels). Not thread-safe across threads beyond the internal lock: calls are
     serialised."""
 
@@ -279,7 +280,8 @@ class SmolVLMGenerator:
     def __init__(self, path=None, *, lora_rank: int = 8, lora_alpha: float = 16,
                  lora_dropout: float = 0.0, lr: float = 5e-5, weight_decay: float = 0.01,
                  cot_weight: float = 1.0, max_new_tokens: int = 256, device: str = "cpu",
-                 dtype: str = "float32", adapter_path=None, bev_config=None, _parts=None):
+                 dtype: str = "float32", adapter_path=None, bev_config=None,
+                 lora_targets: str | None = None, _parts=None):
         import torch
 
         _positive("lora_rank", lora_rank, integer=True)
@@ -305,7 +307,9 @@ class SmolVLMGenerator:
             base, self.tokenizer, self.image_processor = self._load(self.path)
         base.to(device=self.device, dtype=self.dtype)
         self._check_tokens(base)
-        self.model = self._wrap(base, adapter_path, lora_rank, lora_alpha, lora_dropout)
+        self.lora_targets = LORA_TARGETS if lora_targets is None else str(lora_targets)
+        self.model = self._wrap(base, adapter_path, lora_rank, lora_alpha, lora_dropout,
+                                self.lora_targets)
         self.model.eval()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=float(lr), weight_decay=float(weight_decay))
@@ -371,7 +375,7 @@ class SmolVLMGenerator:
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.ids[EOU]
 
     @staticmethod
-    def _wrap(base, adapter_path, r, alpha, dropout):
+    def _wrap(base, adapter_path, r, alpha, dropout, targets=LORA_TARGETS):
         from peft import LoraConfig, PeftModel, get_peft_model
 
         with warnings.catch_warnings():
@@ -386,7 +390,7 @@ class SmolVLMGenerator:
                         f"fresh adapters)")
                 return PeftModel.from_pretrained(base, str(folder), is_trainable=True)
             cfg = LoraConfig(r=int(r), lora_alpha=float(alpha), lora_dropout=float(dropout),
-                             target_modules=LORA_TARGETS, bias="none")
+                             target_modules=targets, bias="none")
             return get_peft_model(base, cfg)
 
     # ------------------------------------------------------------------ inputs
