@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import HISTORY_CHANNELS, STATIC_CHANNELS, BevConfig
+from .config import HISTORY_CHANNELS, BevConfig
 
 LIGHT_GREEN, LIGHT_YELLOW, LIGHT_RED = 80, 170, 255  # bev.renderer.LIGHT_VALUES
 
@@ -64,7 +64,6 @@ class CorridorReadout:
             n = len(bev_cfg.history) if c in HISTORY_CHANNELS else 1
             planes[c] = list(range(i, i + n))
             i += n
-        assert all(c in planes for c in STATIC_CHANNELS if c in bev_cfg.channels)
         self.vehicle_now = planes["vehicle"][-1]
         self.walker_now = planes["walker"][-1]
         self.light_now = planes["light"][-1]
@@ -75,6 +74,11 @@ class CorridorReadout:
         self.lane_off = np.arange(-lane_half_width, lane_half_width + 1e-6, px)
         self.wide_off = np.arange(-wide_half_width, wide_half_width + 1e-6, px)
         self.s = np.arange(0.0, self.range, self.step)
+        # the occupancy bins: fixed sample rows ahead of the front, per bin (computed once)
+        edges = np.linspace(self.ego_half_length, self.range, int(bins) + 1)
+        idx = np.clip(np.searchsorted(edges, self.s, side="right") - 1, 0, int(bins) - 1)
+        ahead = self.s > self.ego_half_length
+        self._bin_rows = [np.flatnonzero(ahead & (idx == b)) for b in range(int(bins))]
         self.names = (("vehicle_gap", "vehicle_present", "vehicle_speed", "walker_gap",
                        "walker_present", "light_gap", "light_red", "light_yellow", "light_green")
                       + tuple(f"vehicle_lane_{i}" for i in range(self.bins))
@@ -148,17 +152,13 @@ class CorridorReadout:
         if s_l is not None:                        # ego's bonnet still holds it (the env's light fact does)
             k = int(np.searchsorted(self.s, s_l))
             v = int(light[min(k, len(light) - 1)].max())
-            out[5] = max(s_l - self.ego_half_length, -self.ego_half_length) / rng
+            out[5] = (s_l - self.ego_half_length) / rng  # >= -ego_half_length: s_l >= 0
             out[6], out[7], out[8] = float(v >= LIGHT_RED), float(LIGHT_YELLOW <= v < LIGHT_RED), \
                 float(0 < v < LIGHT_YELLOW)
         else:
             out[5] = 1.0
-        ahead = self.s > self.ego_half_length
-        edges = np.linspace(self.ego_half_length, self.range, self.bins + 1)
-        idx = np.clip(np.searchsorted(edges, self.s, side="right") - 1, 0, self.bins - 1)
-        for b in range(self.bins):
-            sel = ahead & (idx == b)
-            if sel.any():
-                out[9 + b] = veh_lane[sel].mean()
-                out[9 + self.bins + b] = veh_wide[sel].mean()
+        for b, rows in enumerate(self._bin_rows):
+            if len(rows):
+                out[9 + b] = veh_lane[rows].mean()
+                out[9 + self.bins + b] = veh_wide[rows].mean()
         return out
