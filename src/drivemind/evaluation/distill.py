@@ -41,7 +41,7 @@ import numpy as np
 
 from ..facts import FACT_KEYS
 
-DRIVERS = ("expert", "perturbed", "random")
+from .reward_quality import DRIVERS, check_drive_plan
 
 
 @dataclass(frozen=True)
@@ -63,11 +63,7 @@ class DistillConfig:
     student: dict = field(default_factory=dict)  # make_generator("student_smolvlm", **student)
 
     def __post_init__(self):
-        bad = [d for d in self.drivers if d not in DRIVERS]
-        if bad:
-            raise ValueError(f"unknown driver(s) {bad}; valid: {', '.join(DRIVERS)}")
-        if not self.towns or not self.densities or not self.drivers:
-            raise ValueError("towns, densities and drivers must each name at least one")
+        check_drive_plan(self.towns, self.densities, self.drivers)
         for name in ("env_steps", "heldout_env_steps", "every", "lora_steps", "eval_every",
                      "eval_scenes"):
             v = getattr(self, name)

@@ -77,7 +77,23 @@ from ..facts import FACT_KEYS
 from ..sim.snapshot import LightState
 
 HELDOUT_TOWNS = ("Town01", "Town03", "Town05", "grid")
-DRIVERS = ("expert", "perturbed", "random")
+DRIVERS = ("expert", "perturbed", "random")  # what _drive knows how to drive
+
+
+def check_drivers(drivers) -> None:
+    """One clear error for a driver ``_drive`` does not know."""
+    bad = [d for d in drivers if d not in DRIVERS]
+    if bad:
+        raise ValueError(f"unknown driver(s) {bad}; valid: {', '.join(DRIVERS)}")
+
+
+def check_drive_plan(towns, densities, drivers) -> None:
+    """``check_drivers`` plus: every list names at least one."""
+    check_drivers(drivers)
+    if not towns or not densities or not drivers:
+        raise ValueError("towns, densities and drivers must each name at least one")
+
+
 TARGET_KMH = 22.5
 STOPPED_KMH = 1.0
 OFF_LANE_M = 2.5
@@ -106,11 +122,7 @@ class HeldoutConfig:
     map_path: str | None = None
 
     def __post_init__(self):
-        bad = [d for d in self.drivers if d not in DRIVERS]
-        if bad:
-            raise ValueError(f"unknown driver(s) {bad}; valid: {', '.join(DRIVERS)}")
-        if not self.towns or not self.densities or not self.drivers:
-            raise ValueError("towns, densities and drivers must each name at least one")
+        check_drive_plan(self.towns, self.densities, self.drivers)
         if int(self.steps) < 2 or int(self.every) < 1:
             raise ValueError(f"steps must be >= 2 and every >= 1, got {self.steps}, {self.every}")
         if not (self.horizon_s > 0 and self.keep_s >= self.horizon_s):

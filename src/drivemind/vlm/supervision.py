@@ -131,12 +131,10 @@ def collect_frames(towns, densities, drivers=DRIVERS, steps: int = 1000, every: 
                    keep_s: float = KEEP_S, progress=None, max_frames: int | None = None) -> FrameSet:
     """Drive and label the training frames (module docstring). Deterministic for its arguments."""
     from ..envs import DriveEnv
-    from ..evaluation.reward_quality import _drive, label_episode
+    from ..evaluation.reward_quality import _drive, check_drivers, label_episode
 
     check_training_towns(towns, seed)
-    bad = [d for d in drivers if d not in DRIVERS]
-    if bad:
-        raise ValueError(f"unknown driver(s) {bad}; valid: {', '.join(DRIVERS)}")
+    check_drivers(drivers)
     combos = [(t, d, dr) for t in towns for d in densities for dr in drivers]
     shape = None
     buf, infos, pol, segs, srcs = None, [], [], [], []
