@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import gymnasium as gym
@@ -27,7 +28,7 @@ class FakeText:
     def encode(self, texts):
         out = []
         for t in texts:
-            v = np.random.default_rng(abs(hash(t)) % (2**32)).normal(size=self.dim)
+            v = np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim)
             out.append(v / np.linalg.norm(v))
         return np.stack(out)
 

@@ -4,6 +4,8 @@ own task reward on a real rollout."""
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -35,7 +37,7 @@ class _HashText:
     """Prompt -> a fixed random unit vector (384-d): a fast stand-in text tower for this test."""
 
     def encode(self, texts):
-        out = [np.random.default_rng(abs(hash(t)) % (2**32)).normal(size=384) for t in texts]
+        out = [np.random.default_rng(zlib.crc32(t.encode())).normal(size=384) for t in texts]
         return np.stack([v / np.linalg.norm(v) for v in out])
 
 
