@@ -192,8 +192,27 @@ def test_drivemind_prompts_update_on_novelty_and_fall_back():
     t = r.aicr.explain(batch)
     u0 = text.encode(["no collisions occur"])[0]
     u1 = text.encode(["I1"])[0]
-    assert t["ideal"][0] == pytest.approx((0.5 * emb[0] @ u0 + 0.5) / 2)
-    assert t["ideal"][2] == pytest.approx((0.5 * emb[2] @ u1 + 0.5) / 2)
+    assert t["ideal"][0] == pytest.approx(0.5 * emb[0] @ u0)  # raw cosines (Eq. 3)
+    assert t["ideal"][2] == pytest.approx(0.5 * emb[2] @ u1)
+
+
+def test_drivemind_semantic_terms_pay_no_bonus_for_staying_alive():
+    """Eq. 3's AICR and PCFM are raw cosines: a frame unrelated to both prompts (orthogonal
+    embedding) earns 0 from them, standing or not. Mapped to [0, 1] (our old default) every such
+    step paid 0.5 + 0.05 x 0.5, a constant bonus for staying alive that made standing a haven."""
+    text = FakeText()
+    r = DriveMind(asynchronous=False, seed=0)
+    r.bind_encoder(text)
+    u = text.encode(["no collisions occur", "the car is about to crash"])
+    basis = np.linalg.svd(u, full_matrices=True)[2][2:]  # unit vectors orthogonal to both prompts
+    emb = basis[:4]
+    batch = {"embedding": emb, "prompt_id": np.zeros(4, np.int32)}
+    aicr = sum(r.aicr.explain(batch).values())
+    assert np.allclose(aicr, 0.0, atol=1e-9)
+    # the same frames with the (x + 1) / 2 mapping pay 0.5 each: the bonus this test guards against
+    mapped = DriveMind(asynchronous=False, normalise=True)
+    mapped.bind_encoder(text)
+    assert np.allclose(sum(mapped.aicr.explain(batch).values()), 0.5)
 
 
 def test_drivemind_weights_and_ablations():

@@ -71,7 +71,7 @@ def test_registry_and_composite():
     batch = _facts(3)
     batch["embedding"] = np.array([E[0], E[1], E[3]])
     terms = dm.explain(batch)
-    assert np.allclose(terms["aicr.ideal"] + terms["aicr.present"], 2.0 * np.array([0.75, 0.25, 0.5]))
+    assert np.allclose(terms["aicr.ideal"] + terms["aicr.present"], 2.0 * np.array([0.5, -0.5, 0.0]))  # raw (Eq. 3)
     assert np.allclose(sum(terms.values()), dm(batch))
     with pytest.raises(TypeError, match="unknown parameter"):
         make_reward("aicr_static", gamma=1)

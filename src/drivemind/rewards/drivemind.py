@@ -25,9 +25,15 @@ Adam on the squared error against the stored next embeddings, ``wm_updates`` ste
 training round on ``wm_batch`` transitions (paper: U_WM updates per SAC batch, eta_WM
 unspecified; ours 1e-3). The PCFM reward is computed with the model as it is at labelling time.
 
-**Normalisation** (our choice; the paper gives raw cosines): with ``normalise`` (default) AICR
-is mapped from [-1, 1] to [0, 1] by (x + 1) / 2 as the static anchor is, and PCFM likewise, so
-rho2 AICR and lambda PCFM are non-negative shaping next to HVFR's [0, 1].
+**Normalisation** (off by default, as in the paper's Eq. 3, which writes raw cosines): AICR is
+alpha cos_I - beta cos_P and PCFM cos(M_phi(v, a), u_I). ``normalise=True`` maps both from
+[-1, 1] to [0, 1] by (x + 1) / 2 as the static anchor (Eq. 1) is. That was our default until
+stop 14, and it is a shaping bug in a per-step reward: with the shipped BEV-CLIP tower the
+mapped AICR is 0.55 +- 0.05 on every frame, standing or driving (it moves 0.54 -> 0.60 from 0 to
+30 km/h), so it is a constant bonus for staying alive of about 0.55 per step. Against it a crash
+costs the discounted stream (about 55 at gamma 0.99) instead of the task's -10, and a policy
+learns to stand wherever ``env.idle_time`` does not end the episode (docs/training.md). The raw
+value's mean is about +0.1 (the paper's Table 3 reports AICR means of 0.118-0.130).
 
 **Ablations** (Table 2): ``ablate="aicr" | "hvfr" | "pcfm"`` sets that weight to 0 (its term is
 neither computed nor logged; with ``pcfm`` the world model is not trained; with ``aicr`` the
@@ -337,7 +343,7 @@ class DriveMind(Composite):
 
     def __init__(self, rho1: float = 1.0, rho2: float = 1.0, lam: float = 0.05, ablate: str = "none",
                  present: str = STATIC_PROMPTS.present, ideal: str = STATIC_PROMPTS.ideal,
-                 alpha: float = 0.5, beta: float = 0.5, normalise: bool = True,
+                 alpha: float = 0.5, beta: float = 0.5, normalise: bool = False,
                  generator: str = "privileged_teacher", generator_kwargs: dict | None = None,
                  asynchronous: bool = True, novelty_capacity: int = 256, novelty_warmup: int = 1000,
                  novelty_quantile: float = 0.99, novelty_threshold: float | None = None,

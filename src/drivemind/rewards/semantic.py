@@ -108,8 +108,10 @@ class AICRStatic(Reward):
 
 def drivemind_static(rho1: float = 1.0, rho2: float = 1.0, present: str = "the car is about to crash",
                      ideal: str = "no collisions occur", alpha: float = 0.5, beta: float = 0.5,
-                     normalise: bool = True) -> Composite:
-    """DriveMind without novelty-triggered prompts and PCFM: task + rho1 HVFR + rho2 AICRStatic."""
+                     normalise: bool = False) -> Composite:
+    """DriveMind without novelty-triggered prompts and PCFM: task + rho1 HVFR + rho2 AICRStatic.
+    The AICR term is raw (``normalise=False``) as in DriveMind's Eq. 3: mapped to [0, 1] it is a
+    near-constant per-step bonus for staying alive (see :mod:`drivemind.rewards.drivemind`)."""
     aicr = AICRStatic(present=present, ideal=ideal, alpha=alpha, beta=beta, normalise=normalise)
     return Composite({"task": (1.0, Task()), "hvfr": (float(rho1), HVFR()),
                       "aicr": (float(rho2), aicr)}, name="drivemind_static")
