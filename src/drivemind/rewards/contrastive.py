@@ -50,7 +50,7 @@ SAFE_DRIVING = "A car is driving safely"
 A_CAR = "A car"
 # The CLG window of the shipped BEV-CLIP (scripts/calibrate_reward.py reward=vlm_rl; docs/rewards.md).
 # VLM-RL's own window for ViT-bigG-14 is (-0.03, 0.0).
-BEVCLIP_WINDOW = (-0.258, 0.2327)  # the shipped multi-family BEV-CLIP (docs/rewards.md)
+BEVCLIP_WINDOW = (-0.0779, 0.2492)  # the shipped multi-family BEV-CLIP, full recipe (docs/rewards.md)
 PAPER_WINDOW = (-0.03, 0.0)
 
 
