@@ -8,7 +8,9 @@ density, learning curves across seeds, and the papers' published numbers beside 
 Arguments are run directories or folders holding them (sweeps, outputs/); they are searched
 recursively and merged. Writes report.md, table.csv, runs.csv, curves.csv, curves.png and
 eval_<town>-<density>.png into --out (default: outputs/report); --archive also copies what the
-report reads of every run (no checkpoints) to <out>/runs/, from which it can be rebuilt. Methods are told apart by
+report reads of every run (no checkpoints) to <out>/runs/, from which it can be rebuilt; runs
+already in that archive stay as they are, so a new batch is added with
+``report.py docs/results/runs <new sweep> --out docs/results --archive``. Methods are told apart by
 reward, ablation, algorithm and any other config key that varies across the runs (not seed);
 failed runs are listed, evaluations a run lacks are shown as missing
 (drivemind.evaluation.study). With --json the last line of stdout is the summary as JSON
@@ -46,11 +48,14 @@ def _main(args) -> dict:
     runs = find_runs(args.paths)
     if args.archive:
         dest = Path(args.out) / "runs"
-        if any(dest.resolve() in r["path"].resolve().parents for r in runs):
-            raise ValueError(f"--archive would copy runs into {dest}, which holds some of the runs "
-                             f"given; rebuild from an archive without --archive")
-        archive_runs(runs, dest)
-        print(f"[drivemind] archived {len(runs)} runs (no checkpoints) under {dest}", flush=True)
+        inside = [r for r in runs if dest.resolve() in r["path"].resolve().parents]
+        new = archive_runs([r for r in runs if r not in inside], dest)
+        print(f"[drivemind] archived or updated {len(new)} runs (no checkpoints) under {dest}"
+              + (f"; {len(inside)} already there" if inside else ""), flush=True)
+        # the report reads the archive's copies: a run given twice (archived, and again from its
+        # sweep with later evaluations) is one run
+        kept = {r["path"].resolve() for r in inside} | {p.resolve() for p in new}
+        runs = [r for r in find_runs([dest]) if r["path"].resolve() in kept]
     summary = write_study_report(build_report(runs), args.out)
     print(f"[drivemind] {summary['runs']} runs, {len(summary['methods'])} methods "
           f"(seeds per method >= {summary['seeds_min']}); evaluations: "

@@ -193,6 +193,31 @@ def test_archive_keeps_what_the_report_needs(study, tmp_path, capsys):
     assert again["rows"] == first["rows"] and again["failed"] == first["failed"]
 
 
+def test_archive_grows_batch_by_batch_and_never_overwrites_another_run(study, tmp_path):
+    """The study's workflow: ``report.py docs/results/runs <new batch> --archive``. Runs already in
+    the archive stay, the same run given again is updated in place (its later evaluations added),
+    and another run that happens to share a folder name is archived beside it, not over it."""
+    root, a, b = study
+    out = tmp_path / "results"
+    report = load_script("report").main
+    assert report([str(a), "--out", str(out), "--archive"])["runs"] == 6
+    c = tmp_path / "batch3"
+    shutil.copytree(b / "0-chen-s0", c / "0-chen-s0")
+    write_reports(c / "0-chen-s0" / "eval" / "Town01-dense", compute_metrics(records(4, 0)),
+                  records(4, 0), {"town": "Town01", "density": "dense", "policy": "0-chen-s0"})
+    other = shutil.copytree(b / "1-chen-s1", tmp_path / "rerun" / "0-dm-s0")  # same name, other run
+    with open(other / "logs" / "episodes.csv", "a") as f:
+        f.write(open(other / "logs" / "episodes.csv").read().splitlines()[-1] + "\n")
+    second = report([str(out / "runs"), str(b), str(tmp_path / "rerun"), "--out", str(out), "--archive"])
+    assert second["runs"] == 10
+    names = sorted(p.name for p in (out / "runs").iterdir())
+    assert "0-dm-s0" in names and "0-dm-s0-2" in names and len(names) == 10
+    assert yaml.safe_load((out / "runs" / "0-dm-s0" / "config.yaml").read_text())["reward"] == DM
+    third = report([str(out / "runs"), str(c), "--out", str(out), "--archive"])
+    assert third["runs"] == 10  # the same chen run again: updated, not counted twice
+    assert (out / "runs" / "0-chen-s0" / "eval" / "Town01-dense" / "metrics.json").is_file()
+
+
 def test_report_splits_methods_on_any_other_swept_key(real_run, tmp_path):
     for s in range(2):
         for lr in (1e-4, 3e-4):

@@ -246,7 +246,11 @@ def archive_runs(runs: list[dict], dest) -> list[Path]:
     """Copy what a report needs of each run (``ARCHIVED``: config, summary, episodes, evaluation
     JSON/CSV/markdown; no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run
     name>`` where two runs share a name), so the report can be rebuilt from ``dest`` alone
-    (``docs/results/runs``). Returns the new folders."""
+    (``docs/results/runs``). An archive grows batch by batch: a folder already in ``dest`` that
+    holds the same run (the same ``logs/episodes.csv``) is updated in place (evaluations added
+    since), and one holding another run is never overwritten (the new one gets a ``-2`` suffix).
+    Returns the folders written."""
+    import filecmp
     import shutil
     from collections import Counter
 
@@ -256,7 +260,7 @@ def archive_runs(runs: list[dict], dest) -> list[Path]:
     for r in runs:
         name = r["name"] if count[r["name"]] == 1 else f"{r['path'].parent.name}-{r['name']}"
         base, i = name, 1
-        while name in used:
+        while name in used or _holds_other_run(dest / name, r["path"], filecmp):
             i += 1
             name = f"{base}-{i}"
         used.add(name)
@@ -268,6 +272,13 @@ def archive_runs(runs: list[dict], dest) -> list[Path]:
                 shutil.copy2(f, target / rel)
         out.append(target)
     return out
+
+
+def _holds_other_run(target: Path, source: Path, filecmp) -> bool:
+    if not target.exists():
+        return False
+    a, b = target / "logs" / "episodes.csv", source / "logs" / "episodes.csv"
+    return not (a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False))
 
 
 # ---------------------------------------------------------------------------- curves
