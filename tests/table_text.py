@@ -17,3 +17,19 @@ class TableText:
     def encode(self, texts):
         self.calls += 1
         return np.stack([self.table[t] for t in texts])
+
+
+class HashText:
+    """Prompt -> a fixed random unit vector of ``dim`` numbers, seeded by the prompt's CRC-32 (the
+    same in every process, unlike ``hash()``); counts encode calls. A fast stand-in text tower for
+    tests that need distinct, reproducible prompt vectors but no particular geometry."""
+
+    def __init__(self, dim: int = 384):
+        self.dim, self.calls = dim, 0
+
+    def encode(self, texts):
+        import zlib
+
+        self.calls += 1
+        out = [np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim) for t in texts]
+        return np.stack([v / np.linalg.norm(v) for v in out])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 
 import gymnasium as gym
 import numpy as np
@@ -20,23 +19,11 @@ from drivemind.rewards.drivemind import PromptBank, PromptWorker, WorldModel
 from drivemind.rewards.novelty import NoveltyDetector
 from drivemind.vlm.prompts import (MalformedPrompt, PrivilegedTeacher, PromptRequest, PromptSet,
                                    parse_prompt_json)
+from table_text import HashText
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class FakeText:
-    """Prompt -> a deterministic unit vector (hash-seeded), counts calls."""
-
-    def __init__(self, dim=8):
-        self.dim, self.calls = dim, 0
-
-    def encode(self, texts):
-        self.calls += 1
-        out = []
-        for t in texts:
-            v = np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim)
-            out.append(v / np.linalg.norm(v))
-        return np.stack(out)
 
 
 class ScriptedGenerator:
@@ -122,7 +109,7 @@ def test_prompt_json_contract():
 
 def test_prompt_bank_cache_eviction_and_lookup():
     bank = PromptBank(cache_size=2, bank_size=3, lookup="nearest")
-    bank.bind(FakeText())
+    bank.bind(HashText(8))
     assert bank.current == 0
     a = bank.add(PromptSet("p1", "i1"), key=np.array([1.0, 0.0]))
     b = bank.add(PromptSet("p2", "i2"), key=np.array([0.0, 1.0]))
@@ -169,7 +156,7 @@ def _ctx(emb, facts=None, n=None):
 
 
 def test_drivemind_prompts_update_on_novelty_and_fall_back():
-    text = FakeText()
+    text = HashText(8)
     gen = ScriptedGenerator([json.dumps({"present_prompt": "P1", "ideal_prompt": "I1",
                                          "cot_explanation": []}),
                              "not json", RuntimeError("teacher down"),
@@ -200,7 +187,7 @@ def test_drivemind_semantic_terms_pay_no_bonus_for_staying_alive():
     """Eq. 3's AICR and PCFM are raw cosines: a frame unrelated to both prompts (orthogonal
     embedding) earns 0 from them, standing or not. Mapped to [0, 1] (our old default) every such
     step paid 0.5 + 0.05 x 0.5, a constant bonus for staying alive that made standing a haven."""
-    text = FakeText()
+    text = HashText(8)
     r = DriveMind(asynchronous=False, seed=0)
     r.bind_encoder(text)
     u = text.encode(["no collisions occur", "the car is about to crash"])
@@ -358,7 +345,7 @@ def test_drivemind_with_distilled_tiny_smolvlm():
              "lead_speed_kmh": np.zeros(25)}
     ctx = LabelContext(np.arange(25), {"embedding": emb, **facts},
                        frame=lambda i: {"bev": np.zeros((15, 96, 96), np.uint8)})
-    reward.bind_encoder(FakeText())
+    reward.bind_encoder(HashText(8))
     ids = reward.prepare(ctx)["prompt_id"]
     reward.wait(60)
     gen = reward.worker().generator

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import gymnasium as gym
@@ -16,21 +15,12 @@ import drivemind  # noqa: F401
 from drivemind.rewards import make_reward
 from drivemind.rewards.base import LabelContext
 from drivemind.vlm.reasoners import RISK_VOCABULARY
+from table_text import HashText
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-class FakeText:
-    def __init__(self, dim=16):
-        self.dim = dim
-
-    def encode(self, texts):
-        out = []
-        for t in texts:
-            v = np.random.default_rng(zlib.crc32(t.encode())).normal(size=self.dim)
-            out.append(v / np.linalg.norm(v))
-        return np.stack(out)
 
 
 def _batch(v, gate, risk):
@@ -42,7 +32,7 @@ def _batch(v, gate, risk):
 
 
 def test_combined_static_plus_gated_dynamic_by_hand():
-    text = FakeText()
+    text = HashText(16)
     r = make_reward("drivevlm_rl", theta_min=-0.5, theta_max=0.5)
     r.bind_encoder(text)
     synth = r.parts["synth"][1]
@@ -125,7 +115,7 @@ def test_model_answers_and_camera_embeddings_reach_the_reward():
     """With a model slot the stored answers (dyn_gate / dyn_risk), not the privileged facts,
     gate the dynamic pathway; a row with a view embedding reads it in the dynamic pathway only,
     and rows without one keep the BEV embedding."""
-    text = FakeText()
+    text = HashText(16)
     r = make_reward("drivevlm_rl", reasoner="tiny_qwen_vl", theta_min=-0.5, theta_max=0.5)
     r.bind_encoder(text)
     synth = r.parts["synth"][1]

@@ -4,13 +4,12 @@ own task reward on a real rollout."""
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 import pytest
 
 from drivemind.envs import FACT_KEYS, DriveEnv
 from drivemind.rewards import HVFR, REWARDS, Composite, Revolve, Task, make_reward, reward_params
+from table_text import HashText
 
 
 def facts(n=4, **cols):
@@ -33,12 +32,6 @@ def test_baseline_formulas():
     assert np.allclose(make_reward("chatscene")(b), [0.1, 0.1 - 0.5 - 0.5, 0.1 - 1.0, 0.1 - 5])
 
 
-class _HashText:
-    """Prompt -> a fixed random unit vector (384-d): a fast stand-in text tower for this test."""
-
-    def encode(self, texts):
-        out = [np.random.default_rng(zlib.crc32(t.encode())).normal(size=384) for t in texts]
-        return np.stack([v / np.linalg.norm(v) for v in out])
 
 
 def test_explain_sums_to_the_reward_for_every_reward():
@@ -49,7 +42,7 @@ def test_explain_sums_to_the_reward_for_every_reward():
     b["risk_id"] = rng.integers(-1, 10, n).astype(float)
     for name in REWARDS:
         r = make_reward(name)
-        r.bind_encoder(_HashText())
+        r.bind_encoder(HashText())
         emb, oemb = rng.normal(size=(2, n, 384))
         bn = {**b, "embedding": emb / np.linalg.norm(emb, axis=1, keepdims=True),
               "obs_embedding": oemb / np.linalg.norm(oemb, axis=1, keepdims=True),

@@ -341,3 +341,33 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
     again = study.main(args)  # resumable: nothing left to do
     assert again["evaluated"] == [] and again["skipped"] == 2
     assert (run / "eval" / "grid-regular" / "metrics.json").stat().st_mtime_ns == before
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
+    """The study is run in batches over many sessions, so its settings must not drift: composing
+    ``experiment=study_<name>`` with an archived run's reward, ablation and seed gives that run's
+    config (apart from the logger). When this fails, a config change (for example to
+    ``experiment=fast``, which the study inherits) would make new batches incomparable with the
+    archived ones: pin the old value in ``configs/experiment/study_*.yaml`` or start the study
+    again, and say so in docs/results.md."""
+    runs = sorted((REPO / "docs" / "results" / "runs").glob("*/config.yaml"))
+    if not runs:
+        pytest.skip("no archived study runs yet")
+    for path in runs:
+        old = yaml.safe_load(path.read_text())
+        overrides = [f"experiment=study_{old['study']['name']}", f"reward={old['reward']['name']}",
+                     f"seed={old['seed']}", f"algo={old['algo']['name']}"]
+        if old["reward"].get("ablate", "none") != "none":
+            overrides.append(f"reward.ablate={old['reward']['ablate']}")
+        new = _flat(resolved(*overrides))
+        old = _flat(old)
+        drift = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in old.keys() | new.keys()
+                 if not k.startswith("logger.") and old.get(k, "<absent>") != new.get(k, "<absent>")}
+        assert not drift, f"{path.parent.name}: the study's settings changed since it ran: {drift}"
