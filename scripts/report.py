@@ -35,6 +35,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--archive", action="store_true",
                     help="also copy each run's config, summary, episodes.csv and evaluation reports "
                          "(no checkpoints) to <out>/runs/, from which the report can be rebuilt")
+    ap.add_argument("--results-md", default=None, metavar="PAGE",
+                    help="also rewrite the marked tables of PAGE (docs/results.md) from this report: "
+                         "blocks between <!-- report:NAME --> and <!-- /report:NAME -->, NAME in "
+                         "table1, table2, ppo, heldout, guidance (drivemind.evaluation.results_md)")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     args = ap.parse_args(argv)
     from drivemind.training.cli import run_cli
@@ -56,7 +60,14 @@ def _main(args) -> dict:
         # sweep with later evaluations) is one run
         kept = {r["path"].resolve() for r in inside} | {p.resolve() for p in new}
         runs = [r for r in find_runs([dest]) if r["path"].resolve() in kept]
-    summary = write_study_report(build_report(runs), args.out)
+    report = build_report(runs)
+    summary = write_study_report(report, args.out)
+    if args.results_md:
+        from drivemind.evaluation.results_md import fill, render_blocks
+
+        page = Path(args.results_md)
+        page.write_text(fill(page.read_text(), render_blocks(report, study_spec())))
+        print(f"[drivemind] rewrote the study tables of {page}", flush=True)
     print(f"[drivemind] {summary['runs']} runs, {len(summary['methods'])} methods "
           f"(seeds per method >= {summary['seeds_min']}); evaluations: "
           f"{', '.join(summary['evals']) or 'none'}; wrote {Path(args.out) / 'report.md'}", flush=True)
@@ -65,6 +76,39 @@ def _main(args) -> dict:
     if args.json:
         print(json.dumps(summary))
     return summary
+
+
+def study_spec() -> dict:
+    """What docs/results.md's tables show, from the study's own configs: the sweep lists, seeds,
+    training town, evaluations and every composed setting (to pick the protocol's method where a
+    key such as algo.guidance splits methods)."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import drivemind  # noqa: F401  (the config resolvers)
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+
+    def flat(d, prefix=""):
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    spec = {}
+    for key, name in (("table1", "study_table1"), ("ppo", "study_ppo")):
+        raw = yaml.safe_load((configs / "experiment" / f"{name}.yaml").read_text())
+        params = raw["hydra"]["sweeper"]["params"]
+        with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
+            cfg = compose("config", overrides=[f"experiment={name}"])
+        study = raw["study"]
+        spec[key] = {"rewards": [r.strip() for r in str(params["reward"]).split(",")],
+                     "seeds": len(str(params["seed"]).split(",")),
+                     "protocol": flat(OmegaConf.to_container(cfg, resolve=True)),
+                     "train": (study["train"]["town"], study["train"]["density"]),
+                     "evals": [tuple(str(e).rsplit("-", 1)) for e in study["eval"]]}
+    return spec
 
 
 if __name__ == "__main__":

@@ -371,3 +371,35 @@ def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
         drift = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in old.keys() | new.keys()
                  if not k.startswith("logger.") and old.get(k, "<absent>") != new.get(k, "<absent>")}
         assert not drift, f"{path.parent.name}: the study's settings changed since it ran: {drift}"
+
+
+def test_results_page_tables_are_filled_from_the_report_and_nothing_else_changes(study, tmp_path):
+    """scripts/report.py --results-md rewrites only the marked blocks of docs/results.md, from the
+    real study configs (sweep lists, seeds, evaluations) and the report's rows."""
+    from drivemind.evaluation.results_md import BLOCKS, fill, render_blocks
+
+    root, a, b = study
+    page = tmp_path / "results.md"
+    prose = "# Results\n\nThe protocol, kept by hand.\n\n"
+    page.write_text(prose + "\n\n".join(f"<!-- report:{n} -->\nold\n<!-- /report:{n} -->" for n in BLOCKS)
+                    + "\n\nFindings, kept by hand.\n")
+    load_script("report").main([str(a), str(b), "--out", str(tmp_path / "rep"), "--results-md", str(page)])
+    text = page.read_text()
+    assert text.startswith(prose) and text.endswith("Findings, kept by hand.\n") and "\nold\n" not in text
+    lines = text.splitlines()
+    dm = next(line for line in lines if line.startswith("| drivemind | "))  # Table 1's row
+    cells = [c.strip() for c in dm.strip("|").split("|")]
+    sr = np.array([0.2, 0.5, 0.8])
+    assert cells[1] == "3/3" and cells[6] == f"{sr.mean():.2f} ± {sr.std(ddof=1):.2f}"
+    assert cells[-1] == "19.4 / 0.98 / 2083.1 / 0.01 / 0.97"  # DriveMind Table 1
+    noaicr = next(line for line in lines if line.startswith("| NoAICR"))
+    assert "| 3/3 |" in noaicr and noaicr.rstrip().endswith("| 17.6 / 0.82 / 1.66 / 0.67 |")
+    chen = next(line for line in lines if line.startswith("| chen | ") and "/3 |" in line)
+    assert "| 2/3 |" in chen  # the failed seed is not counted
+    assert next(line for line in lines if line.startswith("| tirl | ")).count("pending") == 6
+    heldout = next(line for line in lines if line.startswith("| drivemind | ") and "/3" not in line)
+    assert "pending" in heldout and "0.10" in heldout  # Town01 dense: seeds 0/1/2 arrive on 0/1/2 of 10
+    page.write_text("no markers here\n")
+    with pytest.raises(ValueError, match="table1.*put `<!-- report:NAME -->`"):
+        fill(page.read_text(), render_blocks(build_report(find_runs([a, b])), load_script("report").study_spec()))
+    assert page.read_text() == "no markers here\n"

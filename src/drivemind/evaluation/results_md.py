@@ -1,0 +1,161 @@
+"""Fill the study's tables in ``docs/results.md`` from a report (``scripts/report.py --results-md``).
+
+The hand-kept page has blocks between markers ``<!-- report:<name> -->`` and
+``<!-- /report:<name> -->``; everything between a pair is rewritten from the report's rows, the
+rest of the page (protocol, commands, findings) is left as it is. Blocks:
+
+- ``table1``: every reward of ``experiment=study_table1`` (its sweep list, in that order) with
+  SAC on the training town, AS / RC / TD / CS / SR / CR as mean ± sample std over the seeds, the
+  number of seeds, and the paper's numbers (DriveMind Table 1) beside them;
+- ``table2``: ``drivemind`` with ``reward.ablate=none|aicr|hvfr|pcfm`` (DriveMind Table 2 beside);
+- ``ppo``: every reward of ``experiment=study_ppo`` with PPO;
+- ``heldout``: SR of every Table 1 method on every town x density the study evaluates;
+- ``guidance``: ``found_rl_clip`` with SAC, ``algo.guidance=none`` (Table 1's row) and ``both``.
+
+A method is picked by reward, ablation and algorithm, and, for every other key that splits the
+report's methods (``algo.guidance``, ``algo.batch_size``, ...), by the protocol's value of that
+key (the composed ``experiment=study_*`` config, passed in as ``protocol``) unless a block asks for
+another value. Methods with no finished run read ``pending``; fewer seeds than the protocol's show
+in the ``seeds`` column, so a one-seed cell is never mistaken for a mean over three.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .published import DM_T1, DM_T2, published_for
+from .report import METRIC_COLUMNS
+
+BLOCKS = ("table1", "table2", "ppo", "heldout", "guidance")
+ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
+             ("hvfr", "NoHVFR (`hvfr`)"), ("pcfm", "NoPCFM (`pcfm`)"))
+_MISSING = object()
+
+
+def _marker(name: str) -> tuple[str, str]:
+    return f"<!-- report:{name} -->", f"<!-- /report:{name} -->"
+
+
+def pick(rows: list[dict], protocol: dict, *, reward: str, algo: str, town: str, density: str,
+         ablate=None, overrides: dict | None = None) -> dict | None:
+    """The report row of one method on one evaluation (module docstring), or None."""
+    overrides = overrides or {}
+    ab = None if ablate in (None, "", "none") else str(ablate)
+    for r in rows:
+        if (r["reward"], r["ablate"], r["algo"], r["town"], r["density"]) != (reward, ab, algo, town, density):
+            continue
+        extra = r.get("extra") or {}
+        if all(str(v) == str(overrides.get(k, protocol.get(k, _MISSING))) for k, v in extra.items()) and \
+                all(k in extra or str(v) == str(protocol.get(k, _MISSING)) for k, v in overrides.items()):
+            return r
+    return None
+
+
+def _cell(row: dict | None, key: str) -> str:
+    if row is None or not row.get("n") or row.get(key) is None:
+        return "pending"
+    fmt = METRIC_COLUMNS[key][1]
+    std = row.get(f"{key}_std")
+    return fmt.format(row[key]) + (f" ± {fmt.format(std)}" if std is not None and row["n"] > 1 else "")
+
+
+def _seeds(row: dict | None, target: int) -> str:
+    return f"{row['n'] if row else 0}/{target}"
+
+
+def _paper(reward: str, algo: str, town: str, density: str, keys, ablate=None, source=None) -> str:
+    def fmt(_k, v):
+        return f"{v:g}"  # as the paper prints it (0.37, 663.6, 0.003)
+
+    entries = published_for(reward, ablate, algo, town, density)
+    if source:
+        entries = [e for e in entries if e["source"] == source] or entries
+    if entries:
+        e = entries[0]
+        return " / ".join(fmt(k, e["metrics"][k][0]) for k in keys if k in e["metrics"])
+    for other in ("ppo", "sac"):
+        alt = published_for(reward, ablate, other, town, density) if other != algo else []
+        if alt:
+            e = alt[0]
+            vals = " / ".join(fmt(k, e["metrics"][k][0]) for k in keys if k in e["metrics"])
+            return f"(the paper's is {other.upper()}: {vals})"
+    return "(not in the table)"
+
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(r) + " |" for r in body)]
+
+
+def render_blocks(report: dict, spec: dict) -> dict[str, str]:
+    """The text of every block. ``spec``: ``table1`` and ``ppo`` each ``{"rewards": [...],
+    "protocol": {flat key: value}, "seeds": n, "train": (town, density), "evals": [(town,
+    density), ...]}`` (from the ``experiment=study_*`` configs)."""
+    rows = report["rows"]
+    t1, ppo = spec["table1"], spec["ppo"]
+    town, density = t1["train"]
+    keys6 = ("AS", "RC", "TD", "CS", "SR", "CR")
+    head6 = [METRIC_COLUMNS[k][0] for k in keys6]
+    out = {}
+
+    body = []
+    for rew in t1["rewards"]:
+        r = pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density)
+        body.append([rew, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6),
+                     _paper(rew, "sac", town, density, ("AS", "RC", "TD", "CS", "SR"), source=DM_T1)])
+    out["table1"] = _table(["method", "seeds", *head6, "paper: AS / RC / TD / CS / SR (DriveMind Table 1)"], body)
+
+    body = []
+    keys5 = ("AS", "RC", "CS", "SR", "CR")
+    for ab, label in ABLATIONS:
+        r = pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac", town=town, density=density)
+        body.append([label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys5),
+                     _paper("drivemind", "sac", town, density, ("AS", "RC", "CS", "SR"), ablate=ab, source=DM_T2)])
+    out["table2"] = _table(["variant", "seeds", *(METRIC_COLUMNS[k][0] for k in keys5),
+                            "paper: AS / RC / CS / SR (DriveMind Table 2)"], body)
+
+    body = []
+    ptown, pdensity = ppo["train"]
+    for rew in ppo["rewards"]:
+        r = pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity)
+        body.append([rew, _seeds(r, ppo["seeds"]), *(_cell(r, k) for k in keys6)])
+    out["ppo"] = _table(["method", "seeds", *head6], body)
+
+    evals = t1["evals"]
+    body = []
+    for rew in t1["rewards"]:
+        cells = []
+        for (t, d) in evals:
+            r = pick(rows, t1["protocol"], reward=rew, algo="sac", town=t, density=d)
+            cells.append(_cell(r, "SR") + (f" ({r['n']})" if r and 0 < r["n"] < t1["seeds"] else ""))
+        body.append([rew, *cells])
+    out["heldout"] = _table(["method", *(f"{t} {d}" for t, d in evals)], body)
+
+    body = []
+    for g, label in (("none", "`algo.guidance=none` (Table 1's `found_rl_clip`)"),
+                     ("both", "`algo.guidance=both` (VMR + AWAG, privileged teacher stand-in)")):
+        r = pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town, density=density,
+                 overrides={"algo.guidance": g})
+        body.append([label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6)])
+    out["guidance"] = _table(["found_rl_clip, SAC", "seeds", *head6], body)
+    return {k: "\n".join(v) for k, v in out.items()}
+
+
+def fill(text: str, blocks: dict[str, str]) -> str:
+    """``text`` with each marked block replaced; raises naming every block whose markers are
+    missing or out of order (the page is left untouched then)."""
+    bad = []
+    for name in blocks:
+        start, end = _marker(name)
+        i, j = text.find(start), text.find(end)
+        if i < 0 or j < i or text.count(start) != 1:
+            bad.append(name)
+    if bad:
+        raise ValueError(f"results page: no (or no single, ordered) marker pair for {', '.join(bad)}; "
+                         f"put `<!-- report:NAME -->` and `<!-- /report:NAME -->` around each table "
+                         f"(names: {', '.join(BLOCKS)})")
+    for name, body in blocks.items():
+        start, end = _marker(name)
+        text = re.sub(re.escape(start) + r".*?" + re.escape(end),
+                      lambda _m, s=start, b=body, e=end: f"{s}\n{b}\n{e}", text, count=1, flags=re.S)
+    return text
