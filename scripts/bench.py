@@ -88,7 +88,8 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      auroc.<reward> (AUROC of -reward for "collision within 1 s" against safe frames: higher reward
      should mean safer), spearman.<reward> (against the ground-truth safety score),
      standstill_wins.<reward> (how often a standstill twin out-scores driving at the target speed in
-     free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set),
+     free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set; `retrieval` adds the clause
+     and per-facet accuracy, each facet against its majority answer),
      found_rl_p_at / found_rl_top1 (Found-RL's action alignment: mean P(a_t) of the action taken
      and top-1 over its context's 30 action prompts, tau 100; chance 1/30) and a PNG of
      the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.

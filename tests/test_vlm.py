@@ -188,3 +188,19 @@ def test_shipped_weights_load_and_embed(monkeypatch, tmp_path):
     x = np.random.default_rng(0).integers(0, 2, (3, 15, 96, 96), dtype=np.uint8) * 255
     e = model.embed(x)
     assert e.shape == (3, 384) and np.allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+
+
+def test_retrieval_reports_which_caption_facet_holds_top1_down():
+    """A tower that gets every facet right but the ego's speed: top-1 0, speed at 0, every other
+    facet at 1, and the top-1 without the speed facet 1 (the held-out figure of issue 15)."""
+    from drivemind.vlm.bev_clip import _facet_accuracy
+    from drivemind.vlm.captions import describe
+
+    base = {"lane": "centre", "ahead": "close", "light": "green", "collision": "none"}
+    caps = [describe({**base, "speed": s}, np.random.default_rng(i)) for i, s in enumerate(("slow", "fast"))]
+    ids, pred = np.array([0, 1, 0, 1]), np.array([1, 0, 1, 0])
+    acc, maj = _facet_accuracy(caps, ids, pred)
+    assert acc["speed"] == 0.0 and maj["speed"] == 0.5
+    assert all(acc[f] == 1.0 for f in ("lane", "ahead", "light", "collision"))
+    assert acc["top1_without_speed"] == 1.0 and acc["top1_without_lane"] == 0.0
+    assert _facet_accuracy(["a scene of another caption family"], np.array([0]), np.array([0])) == ({}, {})

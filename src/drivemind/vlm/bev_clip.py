@@ -343,9 +343,52 @@ def retrieval_accuracy(model: BevClip, frames, captions, text_encoder,
         return float(np.mean([len(clauses[a] & clauses[b]) / len(clauses[b])
                               for a, b in zip(p, ids)])) if len(ids) else 0.0
 
+    facet, facet_majority = _facet_accuracy(uniq, ids, pred)
     return {"accuracy": float((pred == ids).mean()) if len(ids) else 0.0,
             "chance": 1.0 / max(len(uniq), 1),
             "majority": float(counts.max() / len(ids)) if len(ids) else 0.0,
             "clause_accuracy": clause_acc(pred),
             "clause_majority": clause_acc(np.full(len(ids), counts.argmax() if len(ids) else 0)),
+            "facet_accuracy": facet, "facet_majority": facet_majority,
             "n_frames": int(len(ids)), "n_captions": int(len(uniq))}
+
+
+def _facet_accuracy(uniq: list[str], ids: np.ndarray, pred: np.ndarray) -> tuple[dict, dict]:
+    """Per facet of the captions (speed, lane, ahead, light, collision: ``captions.VOCABULARY``),
+    the share of frames whose retrieved caption says the same as the true one, and the share the
+    facet's most common value would get. A caption's top-1 needs every facet right at once, so
+    these say which facet holds it down (``top1_without_<facet>``: the top-1 if that facet were
+    not asked). Captions that are not made of the vocabulary's clauses
+    (other caption families) give empty dicts."""
+    from .captions import VOCABULARY
+
+    clause = {text: (f, key) for f, table in VOCABULARY.items() for key, opts in table.items()
+              for text in opts if text}
+    speeds = [(t, key) for t, (f, key) in clause.items() if f == "speed"]
+    facets = []
+    for c in uniq:
+        d = {f: "none" for f, table in VOCABULARY.items() if "" in table.get("none", [])}  # clause left out
+        for part in c.split("; "):
+            if part in clause:
+                d[clause[part][0]] = clause[part][1]
+                continue
+            # "<speed clause> <lane clause>" are written as one part
+            split = [(key, clause.get(part[len(t) + 1:])) for t, key in speeds if part.startswith(t + " ")]
+            if not split or split[0][1] is None:
+                return {}, {}
+            d["speed"], (lane_facet, lane_key) = split[0][0], split[0][1]
+            d[lane_facet] = lane_key
+        facets.append(d)
+    if not len(ids) or any(set(d) != set(VOCABULARY) for d in facets):
+        return {}, {}
+    acc, maj, right = {}, {}, {}
+    for f in VOCABULARY:
+        true = np.array([facets[i][f] for i in ids])
+        got = np.array([facets[i][f] for i in pred])
+        right[f] = true == got
+        acc[f] = float(right[f].mean())
+        _, n = np.unique(true, return_counts=True)
+        maj[f] = float(n.max() / len(true))
+    for f in VOCABULARY:  # top-1 if this facet did not count: which facet caps the joint answer
+        acc[f"top1_without_{f}"] = float(np.all([right[g] for g in VOCABULARY if g != f], axis=0).mean())
+    return acc, maj
