@@ -403,3 +403,18 @@ def test_results_page_tables_are_filled_from_the_report_and_nothing_else_changes
     with pytest.raises(ValueError, match="table1.*put `<!-- report:NAME -->`"):
         fill(page.read_text(), render_blocks(build_report(find_runs([a, b])), load_script("report").study_spec()))
     assert page.read_text() == "no markers here\n"
+
+
+def test_report_shows_the_code_each_run_was_trained_at(study, tmp_path):
+    from drivemind.evaluation.study import code_label, load_run
+
+    root, a, b = study
+    run = load_run(a / "0-dm-s0")  # a copy of a real run trained by this checkout
+    commit = (json.loads((a / "0-dm-s0" / "summary.json").read_text())["code"][0]["commit"] or "?")[:7]
+    assert run["code"].startswith(commit)
+    load_script("report").main([str(a), "--out", str(tmp_path / "rep")])
+    with open(tmp_path / "rep" / "runs.csv", newline="") as f:
+        assert {r["code"] for r in csv.DictReader(f)} == {run["code"]}
+    assert code_label(None) == "-"
+    assert code_label([{"commit": "a" * 40, "dirty": False}, {"commit": "a" * 40, "dirty": False},
+                       {"commit": "b" * 40, "dirty": True}]) == "aaaaaaa, bbbbbbb+dirty"

@@ -114,6 +114,11 @@ def test_train_sac_end_to_end(sac_run):
     assert latest["buffer"] == "buffer_150.pkl" and (run_dir / "checkpoints" / latest["buffer"]).is_file()
     assert any(r.get("train/critic_loss") for r in rows), "SAC never trained (learning_starts=50)"
     assert summary["resumed_from"] is None and summary["nonfinite_rewards"] == 0
+    # the code it ran: this checkout's commit (the tests run from the repository)
+    import subprocess
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    [code] = summary["code"]
+    assert code["commit"] == (head or None) and code["drivemind"] and isinstance(code["dirty"], (bool, type(None)))
 
 
 def test_train_ppo_end_to_end(ppo_run):
@@ -142,6 +147,7 @@ def test_resume_continues_with_replay_buffer(sac_run, tmp_path):
     summary = train(config("total_timesteps=250", "algo=ppo", "obs.bev.size=64"), run_dir, resume=True)
     assert summary["status"] == "finished" and summary["algo"] == "sac"
     assert summary["resumed_from"] == 150 and summary["steps"] == 250
+    assert len(summary["code"]) == 2  # one entry per invocation: the first run's and the resume's
     assert summary["wall_s_total"] == pytest.approx(first["wall_s"] + summary["wall_s"], abs=0.11)
     latest = latest_checkpoint(run_dir)
     assert latest["steps"] == 250

@@ -114,7 +114,22 @@ def load_run(run_dir) -> dict:
             "summary": summary, "status": status,
             "ok": summary is not None and not status.startswith("failed"),
             "steps": (summary or {}).get("steps"), "wall_s": (summary or {}).get("wall_s_total"),
+            "code": code_label((summary or {}).get("code")),
             "evals": evals, "episodes": ep if ep.is_file() else None}
+
+
+def code_label(code) -> str:
+    """The commits a run was trained at, short, oldest first (``+dirty``: tracked files differed
+    from the commit; ``?``: not known); ``-`` for runs from before the code was recorded."""
+    if not code:
+        return "-"
+    out = []
+    for c in code:
+        c = c or {}
+        label = (c.get("commit") or "?")[:7] + ("+dirty" if c.get("dirty") else "")
+        if not out or out[-1] != label:
+            out.append(label)
+    return ", ".join(out)
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -385,9 +400,9 @@ def report_markdown(report: dict, curves_png: str | None, eval_pngs: dict) -> st
              "(CARLA, mean ± std over 3 seeds); ICT of a run without collision is its step count, a "
              "lower bound", ""]
     lines += ["## Runs", "", "Paths: `runs.csv`.", "", *_table(
-        ["method", "seed", "status", "env steps", "wall (min)", "evaluations", "run"],
+        ["method", "seed", "status", "env steps", "wall (min)", "code", "evaluations", "run"],
         [[r.get("method", "?"), str(r["seed"]), r["status"], str(r["steps"] if r["steps"] is not None else "-"),
-          f"{r['wall_s'] / 60:.1f}" if r["wall_s"] is not None else "-",
+          f"{r['wall_s'] / 60:.1f}" if r["wall_s"] is not None else "-", r.get("code", "-"),
           ", ".join(f"{t}-{d}" for t, d in sorted(r["evals"], key=_eval_sort)) or "none", r["name"]]
          for m in methods for r in m["runs"]]), ""]
     if failed:
@@ -495,10 +510,10 @@ def write_study_report(report: dict, out_dir) -> dict:
                                      "town", "density", "n", "runs", "seeds", "missing", "failed",
                                      *metric_fields])
     _csv(out / "runs.csv", [{"method": r.get("method"), "seed": r["seed"], "status": r["status"],
-                             "ok": r["ok"], "steps": r["steps"], "wall_s": r["wall_s"],
+                             "ok": r["ok"], "steps": r["steps"], "wall_s": r["wall_s"], "code": r.get("code", "-"),
                              "evals": [f"{t}-{d}" for t, d in sorted(r["evals"], key=_eval_sort)],
                              "path": str(r["path"])} for r in report["runs"]],
-         ["method", "seed", "status", "ok", "steps", "wall_s", "evals", "path"])
+         ["method", "seed", "status", "ok", "steps", "wall_s", "code", "evals", "path"])
     curves = method_curves(report)
     crows = []
     for label, res in curves["methods"].items():

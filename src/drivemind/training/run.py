@@ -6,7 +6,8 @@ replay buffer), logs (TensorBoard, CSV, Weights & Biases offline) and metrics; r
       checkpoints/         model_<steps>.zip, buffer_<steps>.pkl, latest.json
       logs/                TensorBoard events, progress.csv, episodes.csv
       wandb/               Weights & Biases (offline unless logger.wandb.mode=online)
-      summary.json         steps, wall time, why it stopped, last episode metrics
+      summary.json         steps, wall time, why it stopped, last episode metrics, the code used
+                           (package version, git commit, dirty) per invocation
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from ..evaluation import compute_metrics
+from ..paths import code_version
 from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec_env,
                     observation_signature)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
@@ -144,9 +146,11 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         stop = StopOnSignal()
         budget = StopAfter(cfg.get("max_minutes"))
         before = 0.0  # wall time of the earlier invocations of a resumed run (also the curves' x axis)
+        code = [code_version()]  # every invocation's code, oldest first (a resumed run may span commits)
         if resume and (run_dir / "summary.json").exists():
             old = json.loads((run_dir / "summary.json").read_text())
             before = float(old.get("wall_s_total", old.get("wall_s", 0.0)))
+            code = list(old.get("code") or [{"drivemind": None, "commit": None, "dirty": None}]) + code
         metrics = EpisodeMetrics(run_dir / "logs" / "episodes.csv",
                                  window=int(cfg.get("metrics_window", 20)), wall_offset=before)
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
@@ -170,7 +174,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             summary = {
                 "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
                 "wall_s": round(wall, 1), "wall_s_total": round(before + wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
-                "checkpoint": entry, "resumed_from": done if resume else None,
+                "checkpoint": entry, "resumed_from": done if resume else None, "code": code,
                 "nonfinite_rewards": int(getattr(getattr(model, "replay_buffer", None),
                                                  "nonfinite_rewards",
                                                  getattr(model, "nonfinite_rewards", 0)) or 0),
