@@ -418,3 +418,22 @@ def test_report_shows_the_code_each_run_was_trained_at(study, tmp_path):
     assert code_label(None) == "-"
     assert code_label([{"commit": "a" * 40, "dirty": False}, {"commit": "a" * 40, "dirty": False},
                        {"commit": "b" * 40, "dirty": True}]) == "aaaaaaa, bbbbbbb+dirty"
+
+
+def test_a_run_stopped_by_a_signal_is_incomplete_not_averaged(real_run, tmp_path):
+    """A sweep killed at the end of a session leaves runs whose summary says "stopped by SIGTERM"
+    short of their budget: the report lists them as incomplete (not averaged) and says how to
+    continue them, and study.py does not evaluate them; a run its max_minutes cap stopped stays."""
+    from drivemind.evaluation.study import load_run
+
+    for s, status in enumerate(("finished", "stopped by SIGTERM", "stopped after max_minutes=600")):
+        run = make_run(real_run, tmp_path / f"{s}-chen-s{s}", seed=s, reward=CHEN, status=status,
+                       evals={T2: records(s + 1, 0)})
+        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+    cut = load_run(tmp_path / "1-chen-s1")
+    assert not cut["ok"] and cut["status"].startswith("incomplete (stopped by SIGTERM at")
+    assert "resume=" in cut["status"]
+    rep = build_report(find_runs([tmp_path]))
+    assert row(rep, "chen-sac", *T2)["seeds"] == [0, 2]
+    todo, _, bad = load_script("study").plan(find_runs([tmp_path]))
+    assert [r["name"] for r in bad] == ["1-chen-s1"]

@@ -94,7 +94,8 @@ def _eval_key(folder: Path, meta: dict) -> tuple[str, str]:
 
 def load_run(run_dir) -> dict:
     """One run: ``path``, ``name``, ``config`` (dict), ``flat`` (dotted keys), ``seed``,
-    ``summary`` (or None), ``status``, ``ok`` (a summary that is not ``failed``), ``steps``,
+    ``summary`` (or None), ``status``, ``ok`` (a summary that is neither ``failed`` nor stopped
+    by a signal short of its budget: such a run is ``incomplete`` until resumed), ``steps``,
     ``evals`` ``{(town, density): metrics}`` and ``episodes`` (path of episodes.csv or None)."""
     d = Path(run_dir)
     cfg = yaml.safe_load((d / "config.yaml").read_text()) or {}
@@ -102,6 +103,9 @@ def load_run(run_dir) -> dict:
     if (d / "summary.json").is_file():
         summary = json.loads((d / "summary.json").read_text())
     status = str(summary.get("status", "unknown")) if summary else "incomplete (no summary.json)"
+    if status.startswith("stopped by"):  # Ctrl-C / a signal cut it short of its step budget
+        status = (f"incomplete ({status} at {summary.get('steps')} of {summary.get('total_timesteps')} "
+                  f"env steps; continue it with scripts/train.py resume=<run dir>)")
     evals = {}
     for f in sorted((d / "eval").glob("*/metrics.json")):
         doc = json.loads(f.read_text())
@@ -112,7 +116,7 @@ def load_run(run_dir) -> dict:
     ep = d / "logs" / "episodes.csv"
     return {"path": d, "name": d.name, "config": cfg, "flat": flatten(cfg), "seed": cfg.get("seed"),
             "summary": summary, "status": status,
-            "ok": summary is not None and not status.startswith("failed"),
+            "ok": summary is not None and not status.startswith(("failed", "incomplete")),
             "steps": (summary or {}).get("steps"), "wall_s": (summary or {}).get("wall_s_total"),
             "code": code_label((summary or {}).get("code")),
             "evals": evals, "episodes": ep if ep.is_file() else None}
