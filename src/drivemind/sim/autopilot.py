@@ -2,7 +2,8 @@
 
 It reads only a WorldSnapshot, the RoadMap and a Route, so it drives the ego of any backend. It
 stops for actors in its corridor along the route and for red (and stoppable yellow) lights at the
-end of its lane. Before a junction it gives way to every vehicle on a junction lane that crosses or
+stop lines its route crosses; where it is on its route, the stop lines and the corridor come from
+:mod:`drivemind.sim.tracking`, the same code as the env's facts. Before a junction it gives way to every vehicle on a junction lane that crosses or
 merges with its own way through (inside the junction, or coming up to it and due at the crossing
 before the ego would be through); once it can no longer stop comfortably short of the junction it
 goes on. Before a lane change of its route it waits while the target lane is taken beside it. Used
@@ -22,6 +23,7 @@ from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
 from .tables import linked_roadmap
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
+from .tracking import RouteTracker, corridor_lead, lane_changes, next_stop, route_stops
 from .world import LiteWorld
 
 
@@ -49,7 +51,7 @@ class Autopilot:
 
     def set_route(self, route: Route) -> None:
         self.route = route
-        self.idx = 0
+        self.tracker = RouteTracker(route)
         r = route
         yaw = np.unwrap(r.yaw)
         w = 3
@@ -59,34 +61,28 @@ class Autopilot:
             kappa[:-w] = np.abs(yaw[w:] - yaw[:-w]) / seg
         self.vcurve = np.sqrt(self.lat_accel / np.maximum(kappa, 1e-4))
         self.in_junction = self.map.junction[r.lanes] >= 0
-        # stop lines: route points where a lane with a light ends and the route goes on into a junction
-        self.stops = []
-        if self.lane_light is not None:
-            for i in range(len(r.lanes) - 1):
-                if r.lanes[i] != r.lanes[i + 1] and self.in_junction[i + 1] and not self.in_junction[i]:
-                    li = int(self.lane_light[r.lanes[i]])
-                    if li >= 0:
-                        self.stops.append((float(r.cum[i]), li))
+        # the stop lines the route crosses (sim.tracking.route_stops), from the first snapshot's
+        # lights (every backend's snapshot carries them)
+        self.stops: list[tuple[float, int]] | None = None
         self.crossings = [_crossing(self.map, r, i, self.vcurve) for i in range(len(r.lanes) - 1)
                           if self.in_junction[i + 1] and not self.in_junction[i]]
         # lane changes: (arc length where the diagonal starts, where it ends, lateral offset of
         # the target lane, + to the right)
         self.changes = []
         rm = self.map
-        for i in range(len(r.lanes) - 1):
+        for i, _ in lane_changes(r, rm):
             a, b = int(r.lanes[i]), int(r.lanes[i + 1])
-            if a != b and b in (rm.left[a], rm.right[a]):
-                qb = rm.lane_points(b)
-                j = i + 1
-                while j + 1 < len(r.lanes) and np.hypot(qb[:, 0] - r.pts[j, 0],
-                                                         qb[:, 1] - r.pts[j, 1]).min() > 0.3:
-                    j += 1
-                qa = rm.lane_points(a)
-                ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
-                ha = float(rm.yaw[rm.offset[a] + ka])
-                dx, dy = r.pts[j, 0] - r.pts[i, 0], r.pts[j, 1] - r.pts[i, 1]
-                side = -dx * math.sin(ha) + dy * math.cos(ha)
-                self.changes.append((float(r.cum[i]), float(r.cum[j]), float(side)))
+            qb = rm.lane_points(b)
+            j = i + 1
+            while j + 1 < len(r.lanes) and np.hypot(qb[:, 0] - r.pts[j, 0],
+                                                     qb[:, 1] - r.pts[j, 1]).min() > 0.3:
+                j += 1
+            qa = rm.lane_points(a)
+            ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
+            ha = float(rm.yaw[rm.offset[a] + ka])
+            dx, dy = r.pts[j, 0] - r.pts[i, 0], r.pts[j, 1] - r.pts[i, 1]
+            side = -dx * math.sin(ha) + dy * math.cos(ha)
+            self.changes.append((float(r.cum[i]), float(r.cum[j]), float(side)))
 
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
@@ -113,6 +109,11 @@ class Autopilot:
         return self.route
 
     @property
+    def idx(self) -> int:
+        """The route point we are at (:meth:`RouteTracker.locate`)."""
+        return self.tracker.idx
+
+    @property
     def progress(self) -> float:
         return float(self.route.cum[self.idx])
 
@@ -120,15 +121,11 @@ class Autopilot:
     def done(self) -> bool:
         return self.route.length - self.progress < 3.0
 
-    def _locate(self, x, y):
-        r = self.route
-        lo, hi = max(self.idx - 5, 0), min(self.idx + 60, len(r.pts))
-        d = np.hypot(r.pts[lo:hi, 0] - x, r.pts[lo:hi, 1] - y)
-        self.idx = lo + int(np.argmin(d))
-
     def act(self, snap: WorldSnapshot) -> tuple[float, float]:
         e, r, p = snap.ego, self.route, self.ego
-        self._locate(e.x, e.y)
+        self.tracker.locate(e.x, e.y)
+        if self.stops is None:
+            self.stops = route_stops(r, snap.lights)
         here = r.cum[self.idx]
         # --- steering: pure pursuit on a point ld metres ahead
         ld = float(np.clip(3.0 + 0.6 * e.speed, 4.0, 12.0))
@@ -173,43 +170,23 @@ class Autopilot:
         return (v - float(speed[k[0]])) / snap.dt if len(k) else 0.0
 
     def _corridor_gap(self, snap, here) -> float:
-        act, r, p = snap.actors, self.route, self.ego
-        if len(act) == 0:
-            return math.inf
-        e = snap.ego
-        near = np.hypot(act.pos[:, 0] - e.x, act.pos[:, 1] - e.y) < 45.0
-        if not near.any():
-            return math.inf
-        pos, ext = act.pos[near], act.extent[near]
-        k = min(int(np.searchsorted(r.cum, here + 40.0)), len(r.pts) - 1)
-        pts = r.pts[self.idx:k + 1]
-        if len(pts) == 0:
-            return math.inf
-        d = np.hypot(pts[None, :, 0] - pos[:, None, 0], pts[None, :, 1] - pos[:, None, 1])
-        rad = np.minimum(ext[:, 0], ext[:, 1] + 0.6)  # lateral reach of the other box
-        hit = d < (rad + p.width / 2 + 0.5)[:, None]
-        best = math.inf
-        for a in np.flatnonzero(hit.any(axis=1)):
-            first = int(np.argmax(hit[a]))
-            along = r.cum[self.idx + first] - here
-            g = along - p.length / 2 - ext[a, 0]
-            if along > p.length / 2 - 0.5:  # ahead of our front, not beside us
-                best = min(best, g)
-        return best
+        """Gap to the nearest actor in our corridor, 40 m ahead (measured cautiously: where it
+        first reaches into the corridor)."""
+        e, p = snap.ego, self.ego
+        gap, _ = corridor_lead(self.route, self.idx, here, e.x, e.y, snap.actors, p.length / 2,
+                               p.width / 2, horizon=40.0, search=45.0, measure="entry")
+        return gap
 
     def _light_gap(self, snap, here) -> float:
+        """Gap to the next stop line while its light is red, or yellow and we can still stop."""
         v, b = snap.ego.speed, self.b
-        for cum, li in self.stops:
-            d = cum - here
-            if d < -0.5:
-                continue
-            if d > 60.0:
-                break
-            st = int(snap.lights.state[li]) if li < len(snap.lights) else LightState.GREEN
-            front = d - self.ego.length / 2
-            if st == LightState.RED or (st == LightState.YELLOW and front > v * v / (2 * b)):
-                return front
+        d, li = next_stop(self.stops, here, behind=0.5)
+        if li < 0 or d > 60.0:
             return math.inf
+        st = int(snap.lights.state[li]) if li < len(snap.lights) else LightState.GREEN
+        front = d - self.ego.length / 2
+        if st == LightState.RED or (st == LightState.YELLOW and front > v * v / (2 * b)):
+            return front
         return math.inf
 
     def _junction_gap(self, snap, here) -> float:
