@@ -33,6 +33,13 @@ YIELD_MARGIN = 1.5  # s: we let a vehicle go first unless we are through the cro
 #                     before it reaches it
 CLEARANCE = 2.8  # m: lane centre lines closer than this cannot be driven side by side
 EXIT_TAIL = 6.0  # m of our exit lane counted as part of the crossing (vehicles merging in)
+PASS_AFTER = 3.0  # s the actor ahead in our lane has stood before we pass it
+PASS_RANGE = 30.0  # m: we plan a pass when the standing actor is at most this far ahead
+PASS_OFFSET = 2.75  # m: the most we move over (inside the env's 3 m off-route limit: we are then
+#                     most of the way into the next lane, a car-sized actor's side 0.6 m clear)
+PASS_SIDE = 0.3  # m: planned side clearance to the actor we pass (less: no pass)
+PASS_BACK = 12.0  # m over which we move back in, ending this far past the standing actor + 3 m
+PASS_CLEAR = 10.0  # m past the end of the pass with no junction, stop line or lane change
 _VEHICLE = np.zeros(256, bool)  # indexed by ActorClass code
 _VEHICLE[[int(c) for c in VEHICLE_CLASSES]] = True
 
@@ -40,8 +47,11 @@ _VEHICLE[[int(c) for c in VEHICLE_CLASSES]] = True
 class Autopilot:
     def __init__(self, roadmap: RoadMap, route: Route, lane_light: np.ndarray | None = None,
                  ego: EgoParams | None = None, target_speed: float = 8.0, lat_accel: float = 2.0,
-                 s0: float = 3.0, T: float = 1.4, a: float = 2.0, b: float = 3.5):
+                 s0: float = 3.0, T: float = 1.4, a: float = 2.0, b: float = 3.5,
+                 pass_standing: bool = True):
         self.map, self.ego = roadmap, ego or EgoParams()
+        self.pass_standing = pass_standing
+        self.passes = 0  # passes started
         self.lane_light = lane_light
         self.target_speed, self.lat_accel = target_speed, lat_accel
         self.s0, self.T, self.a, self.b = s0, T, a, b
@@ -52,6 +62,8 @@ class Autopilot:
     def set_route(self, route: Route) -> None:
         self.route = route
         self.tracker = RouteTracker(route)
+        self._pass = None  # the pass in progress: dict (see _plan_pass)
+        self._stood = (-1, 0.0)  # id of the actor ahead in our corridor, seconds it has stood
         r = route
         yaw = np.unwrap(r.yaw)
         w = 3
@@ -127,10 +139,16 @@ class Autopilot:
         if self.stops is None:
             self.stops = route_stops(r, snap.lights)
         here = r.cum[self.idx]
-        # --- steering: pure pursuit on a point ld metres ahead
+        if self._pass is not None and here >= self._pass["s3"]:
+            self._pass = None  # back on the route's lane
+        # --- steering: pure pursuit on a point ld metres ahead (moved over while passing)
         ld = float(np.clip(3.0 + 0.6 * e.speed, 4.0, 12.0))
         j = min(int(np.searchsorted(r.cum, here + ld)), len(r.pts) - 1)
         dx, dy = r.pts[j, 0] - e.x, r.pts[j, 1] - e.y
+        if self._pass is not None:
+            o = self._pass_offset(float(r.cum[j]))
+            dx -= o * math.sin(r.yaw[j])
+            dy += o * math.cos(r.yaw[j])
         c, s = math.cos(e.yaw), math.sin(e.yaw)
         lx, ly = dx * c + dy * s, -dx * s + dy * c
         alpha = math.atan2(ly, max(lx, 1e-3))
@@ -144,6 +162,8 @@ class Autopilot:
         remaining = r.length - here
         gap = remaining + self.s0 - 1.0  # come to rest about a metre past the goal
         gap = min(gap, self._corridor_gap(snap, here))
+        if self._pass is not None:
+            gap = min(gap, self._passed_gap(snap))
         gap = min(gap, self._light_gap(snap, here))
         gap = min(gap, self._junction_gap(snap, here))
         gap = min(gap, self._lane_change_gap(snap, here))
@@ -171,11 +191,100 @@ class Autopilot:
 
     def _corridor_gap(self, snap, here) -> float:
         """Gap to the nearest actor in our corridor, 40 m ahead (measured cautiously: where it
-        first reaches into the corridor)."""
+        first reaches into the corridor); while passing, along the path moved over, without the
+        actor we pass (:meth:`_passed_gap` keeps us clear of it). Starts a pass when the actor
+        ahead has stood long enough and the road allows (:meth:`_plan_pass`)."""
         e, p = snap.ego, self.ego
-        gap, _ = corridor_lead(self.route, self.idx, here, e.x, e.y, snap.actors, p.length / 2,
-                               p.width / 2, horizon=40.0, search=45.0, measure="entry")
+        route, ignore = self.route, -1
+        if self._pass is not None:
+            route = self._pass["path"]
+            k = np.flatnonzero(snap.actors.id == self._pass["id"])
+            ignore = int(k[0]) if len(k) else -1
+        gap, who = corridor_lead(route, self.idx, here, e.x, e.y, snap.actors, p.length / 2,
+                                 p.width / 2, horizon=40.0, search=45.0, measure="entry",
+                                 ignore=ignore)
+        if self.pass_standing and self._pass is None:
+            if who >= 0 and math.hypot(*snap.actors.velocity[who]) < 0.3:
+                aid = int(snap.actors.id[who])
+                t = self._stood[1] + snap.dt if self._stood[0] == aid else snap.dt
+                self._stood = (aid, t)
+                if t >= PASS_AFTER and gap < PASS_RANGE and self._plan_pass(snap, here, who):
+                    return self._corridor_gap(snap, here)  # the way ahead, moved over
+            else:
+                self._stood = (-1, 0.0)
         return gap
+
+    def _pass_offset(self, s: float) -> float:
+        """Our lateral offset (m, + right) from the route at arc length s during the pass."""
+        ps = self._pass
+        return ps["o"] * float(np.interp(s, ps["knots"], (0.0, 1.0, 1.0, 0.0)))
+
+    def _plan_pass(self, snap, here: float, who: int) -> bool:
+        """Start passing the standing actor ``who`` ahead in our lane if the road allows: no
+        junction, stop line or lane change of the route from here to PASS_CLEAR m past the end of
+        the pass (it is not queued at a light or junction, and we are back on our lane before our
+        next turn), nobody standing or driving ahead of it in our lane up to there (not a queue),
+        a same-direction lane beside ours all the way (left first), and that lane free: the
+        lane-change gap check from behind us to the end of the pass."""
+        act, r, rm, p = snap.actors, self.route, self.map, self.ego
+        ox, oy = float(act.pos[who, 0]), float(act.pos[who, 1])
+        io = self.idx + int(np.argmin(np.hypot(r.pts[self.idx:, 0] - ox, r.pts[self.idx:, 1] - oy)))
+        cum_o, hl_o = float(r.cum[io]), float(act.extent[who, 0])
+        s2 = cum_o + hl_o + p.length + 3.0  # our centre when our rear is 3 m past its front
+        s3 = s2 + PASS_BACK
+        if cum_o - here < 9.0 or s3 + PASS_CLEAR > r.length:
+            return False
+        i3 = min(int(np.searchsorted(r.cum, s3 + PASS_CLEAR)), len(r.pts) - 1)
+        if self.in_junction[self.idx:i3 + 1].any():
+            return False
+        if any(here - 1.0 < c0 < s3 + PASS_CLEAR for c0, _, _ in self.changes):
+            return False
+        d, li = next_stop(self.stops, here)
+        if li >= 0 and d < s3 + PASS_CLEAR - here:
+            return False
+        ahead, _ = corridor_lead(r, io, cum_o, ox, oy, act, hl_o, p.width / 2,
+                                 horizon=s3 + PASS_CLEAR - cum_o)
+        if ahead < math.inf:
+            return False  # a queue, or someone in the way back
+        lanes = np.unique(r.lanes[self.idx:i3 + 1])
+        for nb, same, sign in ((rm.left, rm.left_same_dir, -1.0), (rm.right, rm.right_same_dir, 1.0)):
+            if not all(nb[L] >= 0 and same[L] for L in lanes):
+                continue
+            L = int(r.lanes[self.idx])
+            side = sign * 0.5 * float(rm.width[rm.offset[L]] + rm.width[rm.offset[int(nb[L])]])
+            if self._lane_taken(snap, here, side, here, s3):
+                continue
+            o = sign * min(abs(side), PASS_OFFSET)
+            if abs(o) - p.width / 2 - float(act.extent[who, 1]) < PASS_SIDE:
+                continue  # too wide to pass without leaving our route's reach
+            knots = (here, cum_o, s2, s3)
+            self._pass = dict(id=int(act.id[who]), o=o, knots=knots, s3=s3)
+            n = len(r.pts)
+            off = o * np.interp(r.cum, knots, (0.0, 1.0, 1.0, 0.0))
+            pts = r.pts + np.stack([-np.sin(r.yaw), np.cos(r.yaw)], 1) * off[:, None]
+            self._pass["path"] = Route(r.segments, pts, r.yaw, r.cum, r.lanes)
+            self.passes += 1
+            return True
+        return False
+
+    def _passed_gap(self, snap) -> float:
+        """While passing: the gap to the actor we pass when it is ahead of us and our sides are
+        less than 0.1 m apart, else inf (we creep up to 0.5 m behind it while we move over)."""
+        act, e, p = snap.actors, snap.ego, self.ego
+        k = np.flatnonzero(act.id == self._pass["id"])
+        if not len(k):
+            return math.inf
+        a = int(k[0])
+        c, s = math.cos(e.yaw), math.sin(e.yaw)
+        dx, dy = act.pos[a, 0] - e.x, act.pos[a, 1] - e.y
+        lx, ly = dx * c + dy * s, -dx * s + dy * c
+        dyaw = float(act.yaw[a]) - e.yaw
+        hl, hw = act.extent[a]
+        along = abs(hl * math.cos(dyaw)) + abs(hw * math.sin(dyaw))
+        across = abs(hl * math.sin(dyaw)) + abs(hw * math.cos(dyaw))
+        if abs(ly) - across - p.width / 2 >= 0.1 or lx + along < -p.length / 2:
+            return math.inf  # beside us with room, or behind us
+        return max(lx - along - p.length / 2, 0.0) + self.s0 - 0.5
 
     def _light_gap(self, snap, here) -> float:
         """Gap to the next stop line while its light is red, or yellow and we can still stop."""
@@ -292,24 +401,29 @@ class Autopilot:
                 break
             if front < e.speed * e.speed / (2.0 * COMMIT_DECEL):
                 return math.inf
-            act = snap.actors
-            if len(act) == 0:
-                return math.inf
-            veh = _VEHICLE[act.cls]
-            c, s = math.cos(e.yaw), math.sin(e.yaw)
-            dx, dy = act.pos[:, 0] - e.x, act.pos[:, 1] - e.y
-            lx, ly = dx * c + dy * s, -dx * s + dy * c
-            same_dir = np.cos(act.yaw - e.yaw) > 0.8
-            beside = veh & same_dir & (np.abs(ly - side) < 1.8) & (np.abs(lx) < 60.0)
-            for a in np.flatnonzero(beside):
-                ax = here + float(lx[a])  # its place along our route
-                hl = float(act.extent[a, 0])
-                va = float(np.hypot(*act.velocity[a]))
-                back = 4.0 + 1.5 * va + 2.0 * max(0.0, va - e.speed)
-                if c0 - half - hl - back < ax < c1 + half + hl + 2.0:
-                    return front
-            return math.inf
+            return front if self._lane_taken(snap, here, side, c0, c1) else math.inf
         return math.inf
+
+    def _lane_taken(self, snap, here, side, c0, c1) -> bool:
+        """A vehicle in the lane ``side`` m beside ours (+ right) overlaps our route's stretch
+        c0..c1 (arc lengths), or comes up from behind too close to it."""
+        act, e, half = snap.actors, snap.ego, self.ego.length / 2
+        if len(act) == 0:
+            return False
+        veh = _VEHICLE[act.cls]
+        c, s = math.cos(e.yaw), math.sin(e.yaw)
+        dx, dy = act.pos[:, 0] - e.x, act.pos[:, 1] - e.y
+        lx, ly = dx * c + dy * s, -dx * s + dy * c
+        same_dir = np.cos(act.yaw - e.yaw) > 0.8
+        beside = veh & same_dir & (np.abs(ly - side) < 1.8) & (np.abs(lx) < 60.0)
+        for a in np.flatnonzero(beside):
+            ax = here + float(lx[a])  # its place along our route
+            hl = float(act.extent[a, 0])
+            va = float(np.hypot(*act.velocity[a]))
+            back = 4.0 + 1.5 * va + 2.0 * max(0.0, va - e.speed)
+            if c0 - half - hl - back < ax < c1 + half + hl + 2.0:
+                return True
+        return False
 
 
 @dataclass

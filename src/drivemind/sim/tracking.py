@@ -75,13 +75,15 @@ def next_stop(stops: list[tuple[float, int]], s: float, offset: float = 0.0,
 
 def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, actors: Actors,
                   ego_half_length: float, ego_half_width: float, horizon: float = 50.0,
-                  margin: float = 0.5, *, search: float | None = None, measure: str = "centre"):
+                  margin: float = 0.5, *, search: float | None = None, measure: str = "centre",
+                  ignore: int = -1):
     """Nearest actor in the ego's corridor along the route ahead: ``(gap m, index)``, or
     ``(inf, -1)``. Actors beside the ego (not ahead of its front) are ignored.
 
     The corridor is the route from point ``idx`` (arc length ``here``) to ``horizon`` m ahead,
     ``ego_half_width + margin`` plus the other box's lateral reach either side; only actors within
-    ``search`` m of the ego (default ``horizon + 10``) are looked at. ``measure`` says where an
+    ``search`` m of the ego (default ``horizon + 10``) are looked at, and never actor ``ignore``
+    (an index into ``actors``; -1: none). ``measure`` says where an
     actor is along the route:
 
     - ``"centre"`` (the env's lead fact): at the route point nearest its centre, less its half
@@ -97,6 +99,8 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     pos, ext = actors.pos, actors.extent
     near = np.flatnonzero(np.hypot(pos[:, 0] - ex, pos[:, 1] - ey)
                           < (horizon + 10.0 if search is None else search))
+    if ignore >= 0:
+        near = near[near != ignore]
     if len(near) == 0:
         return math.inf, -1
     k = min(int(np.searchsorted(route.cum, here + horizon)), len(route.pts) - 1)
