@@ -96,3 +96,29 @@ def test_autopilot_does_not_pass_a_car_queued_at_a_junction(town05):
     pilot.set_route(route)
     snap, lat, hits = _drive(world, snap, pilot, route, 40.0)
     assert hits == [] and pilot.passes == 0
+
+
+def test_autopilot_does_not_pass_into_a_taken_lane(town05):
+    """Both lanes blocked (a second car parked beside the first in the lane we would pass in):
+    no pass, it waits behind without touching anything."""
+    rm = town05
+    lane = _lane(rm)
+    cfg = density_config("empty", vehicles=2)
+    cfg = dataclasses.replace(cfg, traffic=dataclasses.replace(cfg.traffic, stuck_respawn=None,
+                                                                 wait_cycle_after=None))
+    world = LiteWorld(rm, cfg)
+    route = plan_route(rm, (lane, 10.0), (lane, 220.0))
+    snap = world.reset(0, ego_pose=route.start)
+    left = int(rm.left[lane])
+    x, y, _ = rm.pose_at(lane, 80.0)
+    q = rm.lane_points(left)
+    k = int(np.argmin(np.hypot(q[:, 0] - x, q[:, 1] - y)))
+    for i, (L, s) in enumerate(((lane, 80.0), (left, float(rm.s[rm.offset[left] + k])))):
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = L, s, 0.0, 0.0
+        world._fill_path(i)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    assert math.hypot(*(world.v_xy[0] - world.v_xy[1])) < 6.0  # side by side
+    pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+    snap, lat, hits = _drive(world, snap, pilot, route, 30.0)
+    assert hits == [] and pilot.passes == 0 and not pilot.done
+    assert np.abs(lat).max() < 0.5

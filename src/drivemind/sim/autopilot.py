@@ -6,7 +6,9 @@ stop lines its route crosses; where it is on its route, the stop lines and the c
 :mod:`drivemind.sim.tracking`, the same code as the env's facts. Before a junction it gives way to every vehicle on a junction lane that crosses or
 merges with its own way through (inside the junction, or coming up to it and due at the crossing
 before the ego would be through); once it can no longer stop comfortably short of the junction it
-goes on. Before a lane change of its route it waits while the target lane is taken beside it. Used
+goes on. Before a lane change of its route it waits while the target lane is taken beside it. It
+passes an actor that stands in its lane, not queued, where a same-direction lane beside it is free
+(:meth:`Autopilot._plan_pass`), else waits behind it. Used
 as the sanity baseline, to collect frames, and to drive the ego in simulator benchmarks and demos.
 """
 
