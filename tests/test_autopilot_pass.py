@@ -57,9 +57,10 @@ def _drive(world, snap, pilot, route, seconds):
     return snap, np.array(lat), hits
 
 
-def test_autopilot_passes_a_parked_car_and_comes_back(town05):
+@pytest.mark.parametrize("s_ego", [10.0, 70.0])  # coming up to it, or starting close behind it
+def test_autopilot_passes_a_parked_car_and_comes_back(town05, s_ego):
     lane = _lane(town05)
-    world, snap, pilot, route = _parked_world(town05, lane, 80.0, 10.0, 220.0)
+    world, snap, pilot, route = _parked_world(town05, lane, 80.0, s_ego, 220.0)
     snap, lat, hits = _drive(world, snap, pilot, route, 60.0)
     assert hits == [], [(h.other_class, h.ego_speed) for h in hits]
     assert pilot.passes == 1

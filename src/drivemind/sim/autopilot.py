@@ -23,6 +23,7 @@ from ..maps.roadmap import RoadMap
 from ..maps.routing import Route, RouteError, nearest_spawn, plan_route, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
+from .kernels import obb_overlap
 from .tables import linked_roadmap
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
 from .tracking import RouteTracker, corridor_lead, lane_changes, next_stop, route_stops
@@ -270,23 +271,29 @@ class Autopilot:
         return False
 
     def _passed_gap(self, snap) -> float:
-        """While passing: the gap to the actor we pass when it is ahead of us and our sides are
-        less than 0.1 m apart, else inf (we creep up to 0.5 m behind it while we move over)."""
+        """While passing: how far we can go on along our heading before our box (0.1 m wider
+        each side, unless we are already that close) would touch the actor we pass, as an IDM gap
+        that stops us 0.5 m short of it (inf when it is clear for 10 m). Checked along our
+        heading, which turns out as we move over, so we can creep past its corner."""
         act, e, p = snap.actors, snap.ego, self.ego
         k = np.flatnonzero(act.id == self._pass["id"])
         if not len(k):
             return math.inf
         a = int(k[0])
         c, s = math.cos(e.yaw), math.sin(e.yaw)
-        dx, dy = act.pos[a, 0] - e.x, act.pos[a, 1] - e.y
-        lx, ly = dx * c + dy * s, -dx * s + dy * c
-        dyaw = float(act.yaw[a]) - e.yaw
-        hl, hw = act.extent[a]
-        along = abs(hl * math.cos(dyaw)) + abs(hw * math.sin(dyaw))
-        across = abs(hl * math.sin(dyaw)) + abs(hw * math.cos(dyaw))
-        if abs(ly) - across - p.width / 2 >= 0.1 or lx + along < -p.length / 2:
-            return math.inf  # beside us with room, or behind us
-        return max(lx - along - p.length / 2, 0.0) + self.s0 - 0.5
+        ax, ay = float(act.pos[a, 0]), float(act.pos[a, 1])
+        ca, sa = math.cos(act.yaw[a]), math.sin(act.yaw[a])
+        hl, hw = float(act.extent[a, 0]), float(act.extent[a, 1])
+        if math.hypot(ax - e.x, ay - e.y) > 10.0 + p.length + hl + hw:
+            return math.inf
+        # the 0.1 m margin, unless we are already that close (then only a real touch counts)
+        m = 0.0 if obb_overlap(e.x, e.y, c, s, p.length / 2, p.width / 2 + 0.1,
+                               ax, ay, ca, sa, hl, hw) else 0.1
+        for d in np.arange(0.25, 10.0, 0.25):
+            if obb_overlap(e.x + d * c, e.y + d * s, c, s, p.length / 2, p.width / 2 + m,
+                           ax, ay, ca, sa, hl, hw):
+                return max(d - 0.5, 0.0) + self.s0 - 0.5
+        return math.inf
 
     def _light_gap(self, snap, here) -> float:
         """Gap to the next stop line while its light is red, or yellow and we can still stop."""
