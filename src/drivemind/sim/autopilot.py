@@ -3,13 +3,14 @@
 It reads only a WorldSnapshot, the RoadMap and a Route, so it drives the ego of any backend. It
 stops for actors in its corridor along the route and for red (and stoppable yellow) lights at the
 stop lines its route crosses; where it is on its route, the stop lines and the corridor come from
-:mod:`drivemind.sim.tracking`, the same code as the env's facts. Before a junction it gives way to every vehicle on a junction lane that crosses or
-merges with its own way through (inside the junction, or coming up to it and due at the crossing
-before the ego would be through); once it can no longer stop comfortably short of the junction it
-goes on. Before a lane change of its route it waits while the target lane is taken beside it. It
-passes an actor that stands in its lane, not queued, where a same-direction lane beside it is free
-(:meth:`Autopilot._plan_pass`), else waits behind it. Used
-as the sanity baseline, to collect frames, and to drive the ego in simulator benchmarks and demos.
+:mod:`drivemind.sim.tracking`, the same code as the env's facts. Before a junction it gives way
+to every vehicle on a junction lane that crosses or merges with its own way through (inside the
+junction, or coming up to it and due at the crossing before the ego would be through); once it
+can no longer stop comfortably short of the junction it goes on. Before a lane change of its
+route it waits while the target lane is taken beside it. It passes an actor that stands in its
+lane, not queued, where a same-direction lane beside it is free (:meth:`Autopilot._plan_pass`),
+else waits behind it. Used as the sanity baseline, to collect frames, and to drive the ego in
+simulator benchmarks and demos.
 """
 
 from __future__ import annotations
@@ -211,7 +212,10 @@ class Autopilot:
                 aid = int(snap.actors.id[who])
                 t = self._stood[1] + snap.dt if self._stood[0] == aid else snap.dt
                 self._stood = (aid, t)
-                if t >= PASS_AFTER and gap < PASS_RANGE and self._plan_pass(snap, here, who):
+                # (tried twice a second: queued at a light, the checks would otherwise run on
+                # every step)
+                if (t >= PASS_AFTER and gap < PASS_RANGE and round(t / snap.dt) % 5 == 0
+                        and self._plan_pass(snap, here, who)):
                     return self._corridor_gap(snap, here)  # the way ahead, moved over
             else:
                 self._stood = (-1, 0.0)
@@ -231,7 +235,9 @@ class Autopilot:
         lane-change gap check from behind us to the end of the pass."""
         act, r, rm, p = snap.actors, self.route, self.map, self.ego
         ox, oy = float(act.pos[who, 0]), float(act.pos[who, 1])
-        io = self.idx + int(np.argmin(np.hypot(r.pts[self.idx:, 0] - ox, r.pts[self.idx:, 1] - oy)))
+        i_far = min(int(np.searchsorted(r.cum, here + PASS_RANGE + 45.0)), len(r.pts) - 1)
+        w = slice(self.idx, i_far + 1)  # its place along the route, searched ahead of us only
+        io = self.idx + int(np.argmin(np.hypot(r.pts[w, 0] - ox, r.pts[w, 1] - oy)))
         cum_o, hl_o = float(r.cum[io]), float(act.extent[who, 0])
         s2 = cum_o + hl_o + p.length + 3.0  # our centre when our rear is 3 m past its front
         s3 = s2 + PASS_BACK
