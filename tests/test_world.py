@@ -786,10 +786,12 @@ def test_walker_blocked_by_a_standing_car_turns_back():
     pos, heading = np.array([[0.0, 3.0]]), np.zeros(1)
     state, timer, speed = np.ones(1, np.int64), np.zeros(1), np.full(1, 1.2)
     car_xy, car_yaw, car_ext = np.array([[0.5, 5.2]]), np.zeros(1), np.array([[2.3, 1.0]])
+    nodes, path, plen, pk = np.array([0, 1]), np.zeros((1, 1, 2)), np.zeros(1, np.int64), np.zeros(1, np.int64)
     ys = []
     for _ in range(80):
-        walkers_step(0.1, pos, heading, state, timer, a, b, speed, car_xy, np.zeros(1), car_yaw,
-                     car_ext, 3.0, 15.0, 4.0, 20.0, np.zeros(1))
+        walkers_step(0.1, pos, heading, state, timer, a, b, nodes[:1], nodes[1:], path, plen, pk,
+                     speed, car_xy, np.zeros(1), car_yaw, car_ext, 3.0, 15.0, 4.0, 20.0, np.zeros(1),
+                     False)
         ys.append(float(pos[0, 1]))
         assert pos[0, 1] < 5.2 - 1.0, "the walker stepped into the car"
     assert min(ys) == pytest.approx(a0[0, 1]), "the walker did not go back to its kerb"

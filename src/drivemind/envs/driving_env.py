@@ -29,7 +29,7 @@ from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
 from ..sim.world import LiteWorld
 from .infractions import InfractionMonitor
 from .routes import eval_routes
-from .tracker import RouteTracker, corridor_lead, route_commands, route_stops
+from .tracker import RouteTracker, corridor_lead, next_stop, route_commands, route_stops
 
 BACKENDS = ("lite", "carla")
 MODES = ("train", "eval")
@@ -401,15 +401,11 @@ class DriveEnv(gym.Env):
         hl, hw = e.extent
         # traffic light ahead on the route
         light_state, light_dist = -1, c.light_range
-        for cum, li in self._stops:
-            d = cum - tr.s - hl
-            if d < -hl:  # passed
-                continue
-            if d <= c.light_range:
-                st = int(snap.lights.state[li])
-                if st != LightState.OFF:
-                    light_state, light_dist = st, max(d, 0.0)
-            break
+        d, li = next_stop(self._stops, tr.s, offset=hl, behind=hl)  # passed once our centre is
+        if li >= 0 and d <= c.light_range:
+            st = int(snap.lights.state[li])
+            if st != LightState.OFF:
+                light_state, light_dist = st, max(d, 0.0)
         gap, who = corridor_lead(tr.route, tr.idx, tr.s, e.x, e.y, snap.actors, hl, hw, c.lead_range)
         lead_speed = float(np.hypot(*snap.actors.velocity[who])) if who >= 0 else 0.0
         lat = self._lat_hist
@@ -474,7 +470,8 @@ class DriveEnv(gym.Env):
             raise RuntimeError("call reset() before expert_action()")
         if self._pilot is None:
             from ..sim.autopilot import Autopilot
-            # the backend's table of which light ends each lane (None: the pilot ignores lights)
+            # the backend's table of which light ends each lane (None: the pilot does not know
+            # the other approaches' lights when it gives way at junctions)
             lane_light = getattr(getattr(self.world, "lights", None), "lane_light", None)
             self._pilot = Autopilot(self.map, self.route, lane_light, self.sim_cfg.ego)
         if self._pilot.route is not self.route:

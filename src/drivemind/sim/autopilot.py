@@ -2,11 +2,15 @@
 
 It reads only a WorldSnapshot, the RoadMap and a Route, so it drives the ego of any backend. It
 stops for actors in its corridor along the route and for red (and stoppable yellow) lights at the
-end of its lane. Before a junction it gives way to every vehicle on a junction lane that crosses or
-merges with its own way through (inside the junction, or coming up to it and due at the crossing
-before the ego would be through); once it can no longer stop comfortably short of the junction it
-goes on. Before a lane change of its route it waits while the target lane is taken beside it. Used
-as the sanity baseline, to collect frames, and to drive the ego in simulator benchmarks and demos.
+stop lines its route crosses; where it is on its route, the stop lines and the corridor come from
+:mod:`drivemind.sim.tracking`, the same code as the env's facts. Before a junction it gives way
+to every vehicle on a junction lane that crosses or merges with its own way through (inside the
+junction, or coming up to it and due at the crossing before the ego would be through); once it
+can no longer stop comfortably short of the junction it goes on. Before a lane change of its
+route it waits while the target lane is taken beside it. It passes an actor that stands in its
+lane, not queued, where a same-direction lane beside it is free (:meth:`Autopilot._plan_pass`),
+else waits behind it. Used as the sanity baseline, to collect frames, and to drive the ego in
+simulator benchmarks and demos.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from ..maps.roadmap import RoadMap
 from ..maps.routing import Route, RouteError, nearest_spawn, plan_route, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
+from .kernels import obb_overlap
 from .tables import linked_roadmap
 from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
+from .tracking import RouteTracker, corridor_lead, lane_changes, next_stop, route_stops
 from .world import LiteWorld
 
 
@@ -31,6 +37,13 @@ YIELD_MARGIN = 1.5  # s: we let a vehicle go first unless we are through the cro
 #                     before it reaches it
 CLEARANCE = 2.8  # m: lane centre lines closer than this cannot be driven side by side
 EXIT_TAIL = 6.0  # m of our exit lane counted as part of the crossing (vehicles merging in)
+PASS_AFTER = 3.0  # s the actor ahead in our lane has stood before we pass it
+PASS_RANGE = 30.0  # m: we plan a pass when the standing actor is at most this far ahead
+PASS_OFFSET = 2.75  # m: the most we move over (inside the env's 3 m off-route limit: we are then
+#                     most of the way into the next lane, a car-sized actor's side 0.6 m clear)
+PASS_SIDE = 0.3  # m: planned side clearance to the actor we pass (less: no pass)
+PASS_BACK = 12.0  # m over which we move back in, ending this far past the standing actor + 3 m
+PASS_CLEAR = 10.0  # m past the end of the pass with no junction, stop line or lane change
 _VEHICLE = np.zeros(256, bool)  # indexed by ActorClass code
 _VEHICLE[[int(c) for c in VEHICLE_CLASSES]] = True
 
@@ -38,8 +51,11 @@ _VEHICLE[[int(c) for c in VEHICLE_CLASSES]] = True
 class Autopilot:
     def __init__(self, roadmap: RoadMap, route: Route, lane_light: np.ndarray | None = None,
                  ego: EgoParams | None = None, target_speed: float = 8.0, lat_accel: float = 2.0,
-                 s0: float = 3.0, T: float = 1.4, a: float = 2.0, b: float = 3.5):
+                 s0: float = 3.0, T: float = 1.4, a: float = 2.0, b: float = 3.5,
+                 pass_standing: bool = True):
         self.map, self.ego = roadmap, ego or EgoParams()
+        self.pass_standing = pass_standing
+        self.passes = 0  # passes started
         self.lane_light = lane_light
         self.target_speed, self.lat_accel = target_speed, lat_accel
         self.s0, self.T, self.a, self.b = s0, T, a, b
@@ -49,7 +65,9 @@ class Autopilot:
 
     def set_route(self, route: Route) -> None:
         self.route = route
-        self.idx = 0
+        self.tracker = RouteTracker(route)
+        self._pass = None  # the pass in progress: dict (see _plan_pass)
+        self._stood = (-1, 0.0)  # id of the actor ahead in our corridor, seconds it has stood
         r = route
         yaw = np.unwrap(r.yaw)
         w = 3
@@ -59,34 +77,28 @@ class Autopilot:
             kappa[:-w] = np.abs(yaw[w:] - yaw[:-w]) / seg
         self.vcurve = np.sqrt(self.lat_accel / np.maximum(kappa, 1e-4))
         self.in_junction = self.map.junction[r.lanes] >= 0
-        # stop lines: route points where a lane with a light ends and the route goes on into a junction
-        self.stops = []
-        if self.lane_light is not None:
-            for i in range(len(r.lanes) - 1):
-                if r.lanes[i] != r.lanes[i + 1] and self.in_junction[i + 1] and not self.in_junction[i]:
-                    li = int(self.lane_light[r.lanes[i]])
-                    if li >= 0:
-                        self.stops.append((float(r.cum[i]), li))
+        # the stop lines the route crosses (sim.tracking.route_stops), from the first snapshot's
+        # lights (every backend's snapshot carries them)
+        self.stops: list[tuple[float, int]] | None = None
         self.crossings = [_crossing(self.map, r, i, self.vcurve) for i in range(len(r.lanes) - 1)
                           if self.in_junction[i + 1] and not self.in_junction[i]]
         # lane changes: (arc length where the diagonal starts, where it ends, lateral offset of
         # the target lane, + to the right)
         self.changes = []
         rm = self.map
-        for i in range(len(r.lanes) - 1):
+        for i, _ in lane_changes(r, rm):
             a, b = int(r.lanes[i]), int(r.lanes[i + 1])
-            if a != b and b in (rm.left[a], rm.right[a]):
-                qb = rm.lane_points(b)
-                j = i + 1
-                while j + 1 < len(r.lanes) and np.hypot(qb[:, 0] - r.pts[j, 0],
-                                                         qb[:, 1] - r.pts[j, 1]).min() > 0.3:
-                    j += 1
-                qa = rm.lane_points(a)
-                ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
-                ha = float(rm.yaw[rm.offset[a] + ka])
-                dx, dy = r.pts[j, 0] - r.pts[i, 0], r.pts[j, 1] - r.pts[i, 1]
-                side = -dx * math.sin(ha) + dy * math.cos(ha)
-                self.changes.append((float(r.cum[i]), float(r.cum[j]), float(side)))
+            qb = rm.lane_points(b)
+            j = i + 1
+            while j + 1 < len(r.lanes) and np.hypot(qb[:, 0] - r.pts[j, 0],
+                                                     qb[:, 1] - r.pts[j, 1]).min() > 0.3:
+                j += 1
+            qa = rm.lane_points(a)
+            ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
+            ha = float(rm.yaw[rm.offset[a] + ka])
+            dx, dy = r.pts[j, 0] - r.pts[i, 0], r.pts[j, 1] - r.pts[i, 1]
+            side = -dx * math.sin(ha) + dy * math.cos(ha)
+            self.changes.append((float(r.cum[i]), float(r.cum[j]), float(side)))
 
     def new_route_from(self, rng: np.random.Generator, x: float, y: float,
                        max_length: float = 3000.0) -> Route:
@@ -113,6 +125,11 @@ class Autopilot:
         return self.route
 
     @property
+    def idx(self) -> int:
+        """The route point we are at (:meth:`RouteTracker.locate`)."""
+        return self.tracker.idx
+
+    @property
     def progress(self) -> float:
         return float(self.route.cum[self.idx])
 
@@ -120,20 +137,22 @@ class Autopilot:
     def done(self) -> bool:
         return self.route.length - self.progress < 3.0
 
-    def _locate(self, x, y):
-        r = self.route
-        lo, hi = max(self.idx - 5, 0), min(self.idx + 60, len(r.pts))
-        d = np.hypot(r.pts[lo:hi, 0] - x, r.pts[lo:hi, 1] - y)
-        self.idx = lo + int(np.argmin(d))
-
     def act(self, snap: WorldSnapshot) -> tuple[float, float]:
         e, r, p = snap.ego, self.route, self.ego
-        self._locate(e.x, e.y)
+        self.tracker.locate(e.x, e.y)
+        if self.stops is None:
+            self.stops = route_stops(r, snap.lights)
         here = r.cum[self.idx]
-        # --- steering: pure pursuit on a point ld metres ahead
+        if self._pass is not None and here >= self._pass["s3"]:
+            self._pass = None  # back on the route's lane
+        # --- steering: pure pursuit on a point ld metres ahead (moved over while passing)
         ld = float(np.clip(3.0 + 0.6 * e.speed, 4.0, 12.0))
         j = min(int(np.searchsorted(r.cum, here + ld)), len(r.pts) - 1)
         dx, dy = r.pts[j, 0] - e.x, r.pts[j, 1] - e.y
+        if self._pass is not None:
+            o = self._pass_offset(float(r.cum[j]))
+            dx -= o * math.sin(r.yaw[j])
+            dy += o * math.cos(r.yaw[j])
         c, s = math.cos(e.yaw), math.sin(e.yaw)
         lx, ly = dx * c + dy * s, -dx * s + dy * c
         alpha = math.atan2(ly, max(lx, 1e-3))
@@ -147,6 +166,8 @@ class Autopilot:
         remaining = r.length - here
         gap = remaining + self.s0 - 1.0  # come to rest about a metre past the goal
         gap = min(gap, self._corridor_gap(snap, here))
+        if self._pass is not None:
+            gap = min(gap, self._passed_gap(snap))
         gap = min(gap, self._light_gap(snap, here))
         gap = min(gap, self._junction_gap(snap, here))
         gap = min(gap, self._lane_change_gap(snap, here))
@@ -173,43 +194,123 @@ class Autopilot:
         return (v - float(speed[k[0]])) / snap.dt if len(k) else 0.0
 
     def _corridor_gap(self, snap, here) -> float:
-        act, r, p = snap.actors, self.route, self.ego
-        if len(act) == 0:
+        """Gap to the nearest actor in our corridor, 40 m ahead (measured cautiously: where it
+        first reaches into the corridor); while passing, along the path moved over, without the
+        actor we pass (:meth:`_passed_gap` keeps us clear of it). Starts a pass when the actor
+        ahead has stood long enough and the road allows (:meth:`_plan_pass`)."""
+        e, p = snap.ego, self.ego
+        route, ignore = self.route, -1
+        if self._pass is not None:
+            route = self._pass["path"]
+            k = np.flatnonzero(snap.actors.id == self._pass["id"])
+            ignore = int(k[0]) if len(k) else -1
+        gap, who = corridor_lead(route, self.idx, here, e.x, e.y, snap.actors, p.length / 2,
+                                 p.width / 2, horizon=40.0, search=45.0, measure="entry",
+                                 ignore=ignore)
+        if self.pass_standing and self._pass is None:
+            if who >= 0 and math.hypot(*snap.actors.velocity[who]) < 0.3:
+                aid = int(snap.actors.id[who])
+                t = self._stood[1] + snap.dt if self._stood[0] == aid else snap.dt
+                self._stood = (aid, t)
+                # (tried twice a second: queued at a light, the checks would otherwise run on
+                # every step)
+                if (t >= PASS_AFTER and gap < PASS_RANGE and round(t / snap.dt) % 5 == 0
+                        and self._plan_pass(snap, here, who)):
+                    return self._corridor_gap(snap, here)  # the way ahead, moved over
+            else:
+                self._stood = (-1, 0.0)
+        return gap
+
+    def _pass_offset(self, s: float) -> float:
+        """Our lateral offset (m, + right) from the route at arc length s during the pass."""
+        ps = self._pass
+        return ps["o"] * float(np.interp(s, ps["knots"], (0.0, 1.0, 1.0, 0.0)))
+
+    def _plan_pass(self, snap, here: float, who: int) -> bool:
+        """Start passing the standing actor ``who`` ahead in our lane if the road allows: no
+        junction, stop line or lane change of the route from here to PASS_CLEAR m past the end of
+        the pass (it is not queued at a light or junction, and we are back on our lane before our
+        next turn), nobody standing or driving ahead of it in our lane up to there (not a queue),
+        a same-direction lane beside ours all the way (left first), and that lane free: the
+        lane-change gap check from behind us to the end of the pass."""
+        act, r, rm, p = snap.actors, self.route, self.map, self.ego
+        ox, oy = float(act.pos[who, 0]), float(act.pos[who, 1])
+        i_far = min(int(np.searchsorted(r.cum, here + PASS_RANGE + 45.0)), len(r.pts) - 1)
+        w = slice(self.idx, i_far + 1)  # its place along the route, searched ahead of us only
+        io = self.idx + int(np.argmin(np.hypot(r.pts[w, 0] - ox, r.pts[w, 1] - oy)))
+        cum_o, hl_o = float(r.cum[io]), float(act.extent[who, 0])
+        s2 = cum_o + hl_o + p.length + 3.0  # our centre when our rear is 3 m past its front
+        s3 = s2 + PASS_BACK
+        if cum_o - here < 9.0 or s3 + PASS_CLEAR > r.length:
+            return False
+        i3 = min(int(np.searchsorted(r.cum, s3 + PASS_CLEAR)), len(r.pts) - 1)
+        if self.in_junction[self.idx:i3 + 1].any():
+            return False
+        if any(here - 1.0 < c0 < s3 + PASS_CLEAR for c0, _, _ in self.changes):
+            return False
+        d, li = next_stop(self.stops, here)
+        if li >= 0 and d < s3 + PASS_CLEAR - here:
+            return False
+        ahead, _ = corridor_lead(r, io, cum_o, ox, oy, act, hl_o, p.width / 2,
+                                 horizon=s3 + PASS_CLEAR - cum_o)
+        if ahead < math.inf:
+            return False  # a queue, or someone in the way back
+        lanes = np.unique(r.lanes[self.idx:i3 + 1])
+        for nb, same, sign in ((rm.left, rm.left_same_dir, -1.0), (rm.right, rm.right_same_dir, 1.0)):
+            if not all(nb[L] >= 0 and same[L] for L in lanes):
+                continue
+            L = int(r.lanes[self.idx])
+            side = sign * 0.5 * float(rm.width[rm.offset[L]] + rm.width[rm.offset[int(nb[L])]])
+            if self._lane_taken(snap, here, side, here, s3):
+                continue
+            o = sign * min(abs(side), PASS_OFFSET)
+            if abs(o) - p.width / 2 - float(act.extent[who, 1]) < PASS_SIDE:
+                continue  # too wide to pass without leaving our route's reach
+            knots = (here, cum_o, s2, s3)
+            self._pass = dict(id=int(act.id[who]), o=o, knots=knots, s3=s3)
+            n = len(r.pts)
+            off = o * np.interp(r.cum, knots, (0.0, 1.0, 1.0, 0.0))
+            pts = r.pts + np.stack([-np.sin(r.yaw), np.cos(r.yaw)], 1) * off[:, None]
+            self._pass["path"] = Route(r.segments, pts, r.yaw, r.cum, r.lanes)
+            self.passes += 1
+            return True
+        return False
+
+    def _passed_gap(self, snap) -> float:
+        """While passing: how far we can go on along our heading before our box (0.1 m wider
+        each side, unless we are already that close) would touch the actor we pass, as an IDM gap
+        that stops us 0.5 m short of it (inf when it is clear for 10 m). Checked along our
+        heading, which turns out as we move over, so we can creep past its corner."""
+        act, e, p = snap.actors, snap.ego, self.ego
+        k = np.flatnonzero(act.id == self._pass["id"])
+        if not len(k):
             return math.inf
-        e = snap.ego
-        near = np.hypot(act.pos[:, 0] - e.x, act.pos[:, 1] - e.y) < 45.0
-        if not near.any():
+        a = int(k[0])
+        c, s = math.cos(e.yaw), math.sin(e.yaw)
+        ax, ay = float(act.pos[a, 0]), float(act.pos[a, 1])
+        ca, sa = math.cos(act.yaw[a]), math.sin(act.yaw[a])
+        hl, hw = float(act.extent[a, 0]), float(act.extent[a, 1])
+        if math.hypot(ax - e.x, ay - e.y) > 10.0 + p.length + hl + hw:
             return math.inf
-        pos, ext = act.pos[near], act.extent[near]
-        k = min(int(np.searchsorted(r.cum, here + 40.0)), len(r.pts) - 1)
-        pts = r.pts[self.idx:k + 1]
-        if len(pts) == 0:
-            return math.inf
-        d = np.hypot(pts[None, :, 0] - pos[:, None, 0], pts[None, :, 1] - pos[:, None, 1])
-        rad = np.minimum(ext[:, 0], ext[:, 1] + 0.6)  # lateral reach of the other box
-        hit = d < (rad + p.width / 2 + 0.5)[:, None]
-        best = math.inf
-        for a in np.flatnonzero(hit.any(axis=1)):
-            first = int(np.argmax(hit[a]))
-            along = r.cum[self.idx + first] - here
-            g = along - p.length / 2 - ext[a, 0]
-            if along > p.length / 2 - 0.5:  # ahead of our front, not beside us
-                best = min(best, g)
-        return best
+        # the 0.1 m margin, unless we are already that close (then only a real touch counts)
+        m = 0.0 if obb_overlap(e.x, e.y, c, s, p.length / 2, p.width / 2 + 0.1,
+                               ax, ay, ca, sa, hl, hw) else 0.1
+        for d in np.arange(0.25, 10.0, 0.25):
+            if obb_overlap(e.x + d * c, e.y + d * s, c, s, p.length / 2, p.width / 2 + m,
+                           ax, ay, ca, sa, hl, hw):
+                return max(d - 0.5, 0.0) + self.s0 - 0.5
+        return math.inf
 
     def _light_gap(self, snap, here) -> float:
+        """Gap to the next stop line while its light is red, or yellow and we can still stop."""
         v, b = snap.ego.speed, self.b
-        for cum, li in self.stops:
-            d = cum - here
-            if d < -0.5:
-                continue
-            if d > 60.0:
-                break
-            st = int(snap.lights.state[li]) if li < len(snap.lights) else LightState.GREEN
-            front = d - self.ego.length / 2
-            if st == LightState.RED or (st == LightState.YELLOW and front > v * v / (2 * b)):
-                return front
+        d, li = next_stop(self.stops, here, behind=0.5)
+        if li < 0 or d > 60.0:
             return math.inf
+        st = int(snap.lights.state[li]) if li < len(snap.lights) else LightState.GREEN
+        front = d - self.ego.length / 2
+        if st == LightState.RED or (st == LightState.YELLOW and front > v * v / (2 * b)):
+            return front
         return math.inf
 
     def _junction_gap(self, snap, here) -> float:
@@ -315,24 +416,29 @@ class Autopilot:
                 break
             if front < e.speed * e.speed / (2.0 * COMMIT_DECEL):
                 return math.inf
-            act = snap.actors
-            if len(act) == 0:
-                return math.inf
-            veh = _VEHICLE[act.cls]
-            c, s = math.cos(e.yaw), math.sin(e.yaw)
-            dx, dy = act.pos[:, 0] - e.x, act.pos[:, 1] - e.y
-            lx, ly = dx * c + dy * s, -dx * s + dy * c
-            same_dir = np.cos(act.yaw - e.yaw) > 0.8
-            beside = veh & same_dir & (np.abs(ly - side) < 1.8) & (np.abs(lx) < 60.0)
-            for a in np.flatnonzero(beside):
-                ax = here + float(lx[a])  # its place along our route
-                hl = float(act.extent[a, 0])
-                va = float(np.hypot(*act.velocity[a]))
-                back = 4.0 + 1.5 * va + 2.0 * max(0.0, va - e.speed)
-                if c0 - half - hl - back < ax < c1 + half + hl + 2.0:
-                    return front
-            return math.inf
+            return front if self._lane_taken(snap, here, side, c0, c1) else math.inf
         return math.inf
+
+    def _lane_taken(self, snap, here, side, c0, c1) -> bool:
+        """A vehicle in the lane ``side`` m beside ours (+ right) overlaps our route's stretch
+        c0..c1 (arc lengths), or comes up from behind too close to it."""
+        act, e, half = snap.actors, snap.ego, self.ego.length / 2
+        if len(act) == 0:
+            return False
+        veh = _VEHICLE[act.cls]
+        c, s = math.cos(e.yaw), math.sin(e.yaw)
+        dx, dy = act.pos[:, 0] - e.x, act.pos[:, 1] - e.y
+        lx, ly = dx * c + dy * s, -dx * s + dy * c
+        same_dir = np.cos(act.yaw - e.yaw) > 0.8
+        beside = veh & same_dir & (np.abs(ly - side) < 1.8) & (np.abs(lx) < 60.0)
+        for a in np.flatnonzero(beside):
+            ax = here + float(lx[a])  # its place along our route
+            hl = float(act.extent[a, 0])
+            va = float(np.hypot(*act.velocity[a]))
+            back = 4.0 + 1.5 * va + 2.0 * max(0.0, va - e.speed)
+            if c0 - half - hl - back < ax < c1 + half + hl + 2.0:
+                return True
+        return False
 
 
 @dataclass

@@ -55,7 +55,9 @@ class TrafficParams:
     yellow: float = 3.0
     all_red: float = 2.0
     walker_speed: tuple[float, float] = (0.8, 1.5)  # m/s (DriveVLM-RL)
-    walker_wait: tuple[float, float] = (4.0, 20.0)  # s on the kerb between crossings
+    walker_wait: tuple[float, float] = (4.0, 20.0)  # s on the kerb before each crossing
+    walker_roam: bool = True  # walkers walk the pavements from one crossing site to the next;
+    #                           False: each crosses back and forth at one site
     walker_midblock: float = 0.2  # share of walkers crossing mid-block rather than at junctions
     walker_clear_dist: float = 15.0  # m: a walker waits while a vehicle is closer than this ...
     walker_clear_time: float = 3.0  # ... plus its speed times this

@@ -844,13 +844,18 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
 
 
 @nb.njit(cache=True)
-def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh_yaw, veh_ext,
-                 clear_time, clear_dist, wait_lo, wait_hi, rnd):
-    """Walkers cross the road between a and b (ping-pong) when no vehicle is near; they stand on
-    the kerb between crossings, and while crossing they stop rather than step into a vehicle. One
-    kept from going on for WALKER_GIVE_UP seconds turns back to the kerb it came from (a car that
+def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen, pk, speed, veh_xy,
+                 veh_v, veh_yaw, veh_ext, clear_time, clear_dist, wait_lo, wait_hi, rnd, roam):
+    """Walkers wait on the kerb, cross the road from a to b when no vehicle is near, and (with
+    ``roam``) walk along the pavement to their next crossing site; without ``roam`` they cross
+    back and forth at one site. While crossing they stop rather than step into a vehicle; one kept
+    from going on for WALKER_GIVE_UP seconds turns back to the kerb it came from (a car that
     stopped for it right beside it would otherwise wait for it for ever, and it for the car).
-    state: 0 waiting, 1 crossing; timer: seconds left to wait, or (crossing) seconds blocked."""
+
+    state: 0 waiting on the kerb, 1 crossing, 2 walking the pavement along ``path[w, pk:plen]``,
+    3 arrived across the road (the caller plans its next walk and sets state 2, or 0 to cross
+    back); timer: seconds left to wait, or (crossing) seconds blocked. ``anode``/``bnode``: the
+    kerb-end nodes of a and b (swapped with them)."""
     for w in range(pos.shape[0]):
         if state[w] == 0:
             timer[w] -= dt
@@ -871,7 +876,25 @@ def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh
                 timer[w] = 0.0
             else:
                 timer[w] = 0.5
-        else:
+        elif state[w] == 2:
+            k = pk[w]
+            dx = path[w, k, 0] - pos[w, 0]
+            dy = path[w, k, 1] - pos[w, 1]
+            d = math.hypot(dx, dy)
+            step = speed[w] * dt
+            if d > 1e-9:
+                heading[w] = math.atan2(dy, dx)
+            if d <= step:
+                pos[w, 0] = path[w, k, 0]
+                pos[w, 1] = path[w, k, 1]
+                pk[w] = k + 1
+                if k + 1 >= plen[w]:  # at the next crossing site: wait for a gap there
+                    state[w] = 0
+                    timer[w] = wait_lo + (wait_hi - wait_lo) * rnd[w]
+            else:
+                pos[w, 0] += dx / d * step
+                pos[w, 1] += dy / d * step
+        elif state[w] == 1:
             dx = b[w, 0] - pos[w, 0]
             dy = b[w, 1] - pos[w, 1]
             d = math.hypot(dx, dy)
@@ -879,11 +902,18 @@ def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh
             if d <= step:
                 pos[w, 0] = b[w, 0]
                 pos[w, 1] = b[w, 1]
+                if roam:
+                    state[w] = 3
+                    timer[w] = 0.0
+                    continue
                 # turn round: next crossing goes back
                 for k in range(2):
                     tmp = a[w, k]
                     a[w, k] = b[w, k]
                     b[w, k] = tmp
+                tn = anode[w]
+                anode[w] = bnode[w]
+                bnode[w] = tn
                 state[w] = 0
                 timer[w] = wait_lo + (wait_hi - wait_lo) * rnd[w]
             else:
@@ -912,4 +942,29 @@ def walkers_step(dt, pos, heading, state, timer, a, b, speed, veh_xy, veh_v, veh
                             tmp = a[w, k]
                             a[w, k] = b[w, k]
                             b[w, k] = tmp
+                        tn = anode[w]
+                        anode[w] = bnode[w]
+                        bnode[w] = tn
                         timer[w] = 0.0
+
+
+@nb.njit(cache=True)
+def lane_clearance(origin, cell, nx, ny, start, items, pts, width, xy, radius, out):
+    """For each point of ``xy`` (n, 2): its distance to the nearest lane's edge (distance to a
+    centre-line point less that point's half width; negative on a lane), at most ``radius``."""
+    r = int(radius // cell) + 1
+    for q in range(xy.shape[0]):
+        x = xy[q, 0]
+        y = xy[q, 1]
+        best = radius
+        ci = int(math.floor((x - origin[0]) / cell))
+        cj = int(math.floor((y - origin[1]) / cell))
+        for i in range(max(ci - r, 0), min(ci + r + 1, nx)):
+            for j in range(max(cj - r, 0), min(cj + r + 1, ny)):
+                c = i * ny + j
+                for k in range(start[c], start[c + 1]):
+                    p = items[k]
+                    d = math.hypot(pts[p, 0] - x, pts[p, 1] - y) - 0.5 * width[p]
+                    if d < best:
+                        best = d
+        out[q] = best

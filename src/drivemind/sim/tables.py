@@ -3,6 +3,7 @@ junction conflict matrix, curvature speed limits, traffic-light groups, walker c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -233,6 +234,178 @@ def crossing_sites(rm: RoadMap, succ: np.ndarray | None = None) -> tuple[np.ndar
         sites.append(ends.tolist())
         at_j.append(isj)
     return np.array(sites, float).reshape(-1, 2, 2), np.array(at_j, bool)
+
+
+PAVE_SPACING = 2.0  # m between pavement points
+PAVE_CLEAR = 0.3  # m a pavement point or path keeps from every lane's edge (as a site's kerb end)
+PAVE_CORNER = 20.0  # m: longest straight pavement link between two pavement pieces (a corner)
+
+
+@dataclass
+class Pavements:
+    """Where walkers walk between crossing sites.
+
+    Nodes are the crossing sites' kerb ends (node ``2 * site + end``, at ``xy[node]``; node
+    ``n ^ 1`` is the other end of the same site). ``legs[n]`` lists the walks along the pavement
+    from node n to the nearest kerb ends reachable on foot without crossing a lane: ``(node,
+    path (P, 2), length m)``, the path from (not including) n's position to the node's."""
+
+    xy: np.ndarray  # (N, 2)
+    legs: list  # per node: [(node, path, length)]
+    points: np.ndarray  # (M, 2) the pavement points (for tests and plots)
+
+
+def _clearance(rm: RoadMap, xy: np.ndarray, radius: float = 8.0) -> np.ndarray:
+    from ..maps.spatial import lane_grid
+    from .kernels import lane_clearance
+    out = np.empty(len(xy))
+    if len(xy):
+        lane_clearance(*lane_grid(rm).args(), rm.pts, rm.width, np.ascontiguousarray(xy, float),
+                       radius, out)
+    return out
+
+
+def _segment_clear(rm: RoadMap, a: np.ndarray, b: np.ndarray, step: float = 0.5) -> np.ndarray:
+    """For segments a[i] -> b[i]: whether every point along them (every ``step`` m) is off the
+    lanes by PAVE_CLEAR."""
+    if len(a) == 0:
+        return np.zeros(0, bool)
+    n = np.maximum(np.ceil(np.hypot(*(b - a).T) / step).astype(np.int64), 1)
+    t = np.concatenate([np.arange(k + 1) / k for k in n])
+    seg = np.repeat(np.arange(len(a)), n + 1)
+    pts = a[seg] + (b - a)[seg] * t[:, None]
+    ok = _clearance(rm, pts) >= PAVE_CLEAR
+    return np.logical_and.reduceat(ok, np.concatenate([[0], np.cumsum(n + 1)[:-1]]))
+
+
+def pavement_network(rm: RoadMap, sites: np.ndarray, margin: float = 1.0,
+                     max_leg: float = 150.0) -> Pavements:
+    """The pavements beside the kerbs and the walks along them between crossing sites.
+
+    A pavement runs beside every outermost driving lane (no driving neighbour on that side), its
+    half width plus ``margin`` from its centre line (where the crossing sites' kerb ends are),
+    sampled every PAVE_SPACING m; points within PAVE_CLEAR of any lane are dropped, which cuts
+    the pavement where a junction's lanes reach it. Consecutive points link along a lane; the
+    pieces link to each other by straight walks up to PAVE_CORNER m that stay off every lane
+    (round a junction's corner, from one lane section to the next). Legs: Dijkstra from each
+    kerb end to the first kerb ends met within ``max_leg`` m."""
+    import heapq
+
+    xy_nodes = sites.reshape(-1, 2).astype(float)
+    N = len(xy_nodes)
+    pts, piece = [], []  # pavement points and the piece (run of consecutive kept points) of each
+    k = 0
+    for lane in range(rm.n_lanes):
+        if rm.junction[lane] >= 0:
+            continue
+        q = np.arange(rm.offset[lane], rm.offset[lane + 1])
+        step = max(int(round(PAVE_SPACING / max(float(rm.ds[lane]), 1e-3))), 1)
+        q = np.unique(np.concatenate([q[::step], q[-1:]]))
+        for side, nb_ in ((1.0, rm.right[lane]), (-1.0, rm.left[lane])):
+            if nb_ >= 0:
+                continue
+            h = rm.yaw[q]
+            off = side * (rm.width[q] / 2 + margin)
+            p = rm.pts[q] + np.stack([-np.sin(h), np.cos(h)], 1) * off[:, None]
+            keep = _clearance(rm, p) >= PAVE_CLEAR
+            run = np.cumsum(np.concatenate([[True], keep[1:] != keep[:-1]]))  # runs of kept points
+            for r in np.unique(run[keep]):
+                sel = p[run == r]
+                pts.append(sel)
+                piece.append(np.full(len(sel), k))
+                k += 1
+    P = np.concatenate(pts) if pts else np.zeros((0, 2))
+    piece = np.concatenate(piece) if piece else np.zeros(0, np.int64)
+    M = len(P)
+    # graph over pavement points (0..M-1) and kerb-end nodes (M..M+N-1)
+    V = np.concatenate([P, xy_nodes])
+    adj: list[list[tuple[int, float]]] = [[] for _ in range(M + N)]
+
+    def link(i, j):
+        d = float(np.hypot(*(V[i] - V[j])))
+        adj[i].append((j, d))
+        adj[j].append((i, d))
+
+    # along a piece: consecutive points (checked off the lanes between them)
+    same = np.flatnonzero(piece[1:] == piece[:-1]) if M else np.zeros(0, np.int64)
+    ok = _segment_clear(rm, P[same], P[same + 1])
+    for i in same[ok]:
+        link(int(i), int(i) + 1)
+    # between pieces: from each piece's ends to the nearest point of each other piece in reach
+    if M:
+        first = np.flatnonzero(np.concatenate([[True], piece[1:] != piece[:-1]]))
+        last = np.concatenate([first[1:] - 1, [M - 1]])
+        ends = np.unique(np.concatenate([first, last]))
+        cand_a, cand_b = [], []
+        for e in ends:
+            d = np.hypot(P[:, 0] - P[e, 0], P[:, 1] - P[e, 1])
+            near = np.flatnonzero((d < PAVE_CORNER) & (piece != piece[e]))
+            if not len(near):
+                continue
+            order = near[np.lexsort((d[near], piece[near]))]
+            firsts = order[np.concatenate([[True], piece[order][1:] != piece[order][:-1]])]
+            cand_a.extend([e] * len(firsts))
+            cand_b.extend(firsts.tolist())
+        ca, cb = np.array(cand_a, np.int64), np.array(cand_b, np.int64)
+        if len(ca):
+            ok = _segment_clear(rm, P[ca], P[cb])
+            for a, b in zip(ca[ok], cb[ok]):
+                link(int(a), int(b))
+    # kerb ends: to the pavement points within 3 m (off the lanes on the way)
+    if M and N:
+        na, nb2 = [], []
+        for n in range(N):
+            d = np.hypot(P[:, 0] - xy_nodes[n, 0], P[:, 1] - xy_nodes[n, 1])
+            near = np.flatnonzero(d < 3.0)
+            na.extend([M + n] * len(near))
+            nb2.extend(near.tolist())
+        na, nb2 = np.array(na, np.int64), np.array(nb2, np.int64)
+        if len(na):
+            ok = _segment_clear(rm, V[na], V[nb2])
+            for a, b in zip(na[ok], nb2[ok]):
+                link(int(a), int(b))
+    # legs: Dijkstra from each kerb end; a kerb end reached ends that branch (walk to it, then cross)
+    legs = []
+    for n in range(N):
+        src = M + n
+        dist = {src: 0.0}
+        prev = {}
+        heap = [(0.0, src)]
+        found = []
+        while heap:
+            d, u = heapq.heappop(heap)
+            if d > dist.get(u, math.inf):
+                continue
+            if u >= M and u != src:
+                found.append((u - M, d))
+                continue
+            for v, w in adj[u]:
+                nd = d + w
+                if nd <= max_leg and nd < dist.get(v, math.inf):
+                    dist[v] = nd
+                    prev[v] = u
+                    heapq.heappush(heap, (nd, v))
+        out = []
+        for node, d in found:
+            if node == n ^ 1 and d < 1.0:
+                continue
+            path, u = [], M + node
+            while u != src:
+                path.append(V[u])
+                u = prev[u]
+            out.append((node, np.array(path[::-1]), float(d)))
+        legs.append(out)
+    return Pavements(xy_nodes, legs, P)
+
+
+def pavements(rm: RoadMap, sites: np.ndarray) -> Pavements:
+    """:func:`pavement_network` for these sites, cached on the RoadMap (built on first use: only
+    worlds with walkers need it)."""
+    cache = rm.__dict__.setdefault("_pavements", {})
+    key = np.asarray(sites, float).tobytes()
+    if key not in cache:
+        cache[key] = pavement_network(rm, np.asarray(sites, float))
+    return cache[key]
 
 
 def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3) -> bool:

@@ -25,7 +25,7 @@ from . import kernels as K
 from .config import SimConfig
 from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
                        WorldSnapshot)
-from .tables import traffic_tables
+from .tables import pavements, traffic_tables
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +315,14 @@ class LiteWorld:
         self.spawned["walkers"] = W
         self.w_a = np.zeros((W, 2))
         self.w_b = np.zeros((W, 2))
+        self.w_anode = np.zeros(W, np.int64)  # kerb-end nodes (Pavements) of a and b
+        self.w_bnode = np.zeros(W, np.int64)
+        self._pave = pavements(self.map, self.sites) if W and cfg.traffic.walker_roam else None
+        longest = max((len(p) for legs in self._pave.legs for _, p, _ in legs), default=1) \
+            if self._pave is not None else 1
+        self.w_path = np.zeros((W, max(longest, 1), 2))  # the pavement walk in progress
+        self.w_plen = np.zeros(W, np.int64)
+        self.w_pk = np.zeros(W, np.int64)
         if W:
             atj = np.flatnonzero(self.site_at_junction)
             mid = np.flatnonzero(~self.site_at_junction)
@@ -322,8 +330,10 @@ class LiteWorld:
                 use_mid = len(mid) and (rng.random() < cfg.traffic.walker_midblock or not len(atj))
                 site = int(rng.choice(mid if use_mid else atj))
                 a, b = self.sites[site]
+                self.w_anode[w], self.w_bnode[w] = 2 * site, 2 * site + 1
                 if rng.random() < 0.5:
                     a, b = b, a
+                    self.w_anode[w], self.w_bnode[w] = 2 * site + 1, 2 * site
                 t = (b - a) / max(np.hypot(*(b - a)), 1e-6)
                 shift = np.array([t[1], -t[0]]) * rng.uniform(-1.5, 1.5)  # spread along the kerb
                 self.w_a[w], self.w_b[w] = a + shift, b + shift
@@ -334,6 +344,28 @@ class LiteWorld:
         self.w_timer = rng.uniform(0.0, cfg.traffic.walker_wait[1], size=W)
         self.w_speed = rng.uniform(*cfg.traffic.walker_speed, size=W)
         self.w_id = np.arange(10001, 10001 + W, dtype=np.int64)
+
+    def _next_walk(self, w: int):
+        """Walker w has crossed to kerb end ``w_bnode``: it walks the pavement to one of the next
+        crossing sites reachable from there (drawn at random), or, where the pavement leads
+        nowhere, waits to cross back."""
+        node = int(self.w_bnode[w])
+        legs = self._pave.legs[node]
+        if legs:
+            to, path, _ = legs[int(self.rng.integers(len(legs)))]
+            n = len(path)
+            self.w_path[w, :n] = path
+            self.w_plen[w], self.w_pk[w] = n, 0
+            xy = self._pave.xy
+            self.w_a[w], self.w_b[w] = xy[to], xy[to ^ 1]
+            self.w_anode[w], self.w_bnode[w] = to, to ^ 1
+            self.w_state[w] = 2
+        else:
+            self.w_a[w], self.w_b[w] = self.w_b[w].copy(), self.w_a[w].copy()
+            self.w_anode[w], self.w_bnode[w] = self.w_bnode[w], self.w_anode[w]
+            lo, hi = self.cfg.traffic.walker_wait
+            self.w_timer[w] = self.rng.uniform(lo, hi)
+            self.w_state[w] = 0
 
     # ------------------------------------------------------------------ step
     def step(self, action) -> WorldSnapshot:
@@ -399,9 +431,13 @@ class LiteWorld:
             veh_yaw = np.concatenate([self.v_yaw, [e["yaw"]]])
             veh_ext = np.concatenate([np.stack([self.v_hl, self.v_hw], 1), [[ehl, ehw]]])
             K.walkers_step(dt, self.w_xy, self.w_yaw, self.w_state, self.w_timer, self.w_a, self.w_b,
+                           self.w_anode, self.w_bnode, self.w_path, self.w_plen, self.w_pk,
                            self.w_speed, veh_xy, veh_v, veh_yaw, veh_ext, tp.walker_clear_time,
                            tp.walker_clear_dist,
-                           tp.walker_wait[0], tp.walker_wait[1], self.rng.random(len(self.w_xy)))
+                           tp.walker_wait[0], tp.walker_wait[1], self.rng.random(len(self.w_xy)),
+                           self._pave is not None)
+            for w in np.flatnonzero(self.w_state == 3):
+                self._next_walk(int(w))
         events, npc_new = self._collisions()
         return self._snapshot(events, npc_new)
 

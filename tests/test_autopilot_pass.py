@@ -1,0 +1,125 @@
+"""The autopilot passes a standing actor in its lane where the road allows (issue 13), on a real
+shipped CARLA town (Town05's multi-lane roads) with a parked NPC."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from drivemind.maps import load_town, plan_route
+from drivemind.sim import LiteWorld, density_config
+from drivemind.sim import kernels as K
+from drivemind.sim.autopilot import Autopilot
+from drivemind.sim.snapshot import ActorClass
+from drivemind.sim.tracking import RouteTracker
+
+
+@pytest.fixture(scope="module")
+def town05():
+    return load_town("Town05")
+
+
+def _lane(rm):
+    """The longest junction-free lane with a same-direction lane on its left."""
+    ok = np.flatnonzero((rm.left >= 0) & rm.left_same_dir & (rm.junction < 0))
+    return int(ok[np.argmax(rm.length[ok])])
+
+
+def _parked_world(rm, lane, s_car, s_ego, end, pass_standing=True):
+    cfg = density_config("empty", vehicles=1)
+    cfg = dataclasses.replace(cfg, traffic=dataclasses.replace(cfg.traffic, stuck_respawn=None,
+                                                                 wait_cycle_after=None))
+    world = LiteWorld(rm, cfg)
+    route = plan_route(rm, (lane, s_ego), (lane, end))
+    snap = world.reset(0, ego_pose=route.start)
+    # the NPC parks in our lane: at s_car, speed factor 0 (it never moves off)
+    world.v_lane[0], world.v_s[0], world.v_v[0], world.v_vfac[0] = lane, s_car, 0.0, 0.0
+    world.v_cls[0] = int(ActorClass.CAR)
+    world._fill_path(0)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego, pass_standing=pass_standing)
+    return world, snap, pilot, route
+
+
+def _drive(world, snap, pilot, route, seconds):
+    tr = RouteTracker(route)
+    lat, hits = [], []
+    for _ in range(int(seconds / world.cfg.dt)):
+        snap = world.step(pilot.act(snap))
+        tr.update(snap.ego.x, snap.ego.y, snap.ego.yaw)
+        lat.append(tr.lateral)
+        hits += snap.collisions
+        if pilot.done:
+            break
+    return snap, np.array(lat), hits
+
+
+@pytest.mark.parametrize("s_ego", [10.0, 70.0])  # coming up to it, or starting close behind it
+def test_autopilot_passes_a_parked_car_and_comes_back(town05, s_ego):
+    lane = _lane(town05)
+    world, snap, pilot, route = _parked_world(town05, lane, 80.0, s_ego, 220.0)
+    snap, lat, hits = _drive(world, snap, pilot, route, 60.0)
+    assert hits == [], [(h.other_class, h.ego_speed) for h in hits]
+    assert pilot.passes == 1
+    assert pilot.done, f"{pilot.progress:.0f} of {route.length:.0f} m"  # got past it to the goal
+    assert np.abs(lat).max() > 2.0  # moved over into the next lane ...
+    assert np.abs(lat).max() < 3.0  # ... inside the env's off-route limit
+    assert abs(lat[-1]) < 0.5  # and back on its lane
+
+
+def test_autopilot_waits_without_a_lane_to_pass_in(town05):
+    """No pass where passing is off (or, the same checks, the road gives no room): it waits
+    behind the parked car, without touching it."""
+    lane = _lane(town05)
+    world, snap, pilot, route = _parked_world(town05, lane, 80.0, 10.0, 220.0, pass_standing=False)
+    snap, lat, hits = _drive(world, snap, pilot, route, 30.0)
+    assert hits == [] and pilot.passes == 0 and not pilot.done
+    assert snap.ego.speed < 0.1 and np.abs(lat).max() < 0.5
+    gap = math.hypot(snap.ego.x - world.v_xy[0, 0], snap.ego.y - world.v_xy[0, 1])
+    assert 4.8 < gap < 15.0  # standing behind it
+
+
+def test_autopilot_does_not_pass_a_car_queued_at_a_junction(town05):
+    """A standing car close before a junction is queued there: no pass."""
+    rm = town05
+    lane = _lane(rm)
+    L = float(rm.length[lane])
+    # route to the lane's end and on through the junction after it
+    nxt = [int(n) for n in rm.successors(lane) if rm.junction[n] >= 0]
+    if not nxt:
+        pytest.skip("the lane does not end at a junction")
+    after = [int(n) for n in rm.successors(nxt[0])]
+    route = plan_route(rm, (lane, L - 120.0), (after[0], min(20.0, float(rm.length[after[0]]))))
+    world, snap, pilot, _ = _parked_world(rm, lane, L - 8.0, L - 120.0, L - 1.0)
+    pilot.set_route(route)
+    snap, lat, hits = _drive(world, snap, pilot, route, 40.0)
+    assert hits == [] and pilot.passes == 0
+
+
+def test_autopilot_does_not_pass_into_a_taken_lane(town05):
+    """Both lanes blocked (a second car parked beside the first in the lane we would pass in):
+    no pass, it waits behind without touching anything."""
+    rm = town05
+    lane = _lane(rm)
+    cfg = density_config("empty", vehicles=2)
+    cfg = dataclasses.replace(cfg, traffic=dataclasses.replace(cfg.traffic, stuck_respawn=None,
+                                                                 wait_cycle_after=None))
+    world = LiteWorld(rm, cfg)
+    route = plan_route(rm, (lane, 10.0), (lane, 220.0))
+    snap = world.reset(0, ego_pose=route.start)
+    left = int(rm.left[lane])
+    x, y, _ = rm.pose_at(lane, 80.0)
+    q = rm.lane_points(left)
+    k = int(np.argmin(np.hypot(q[:, 0] - x, q[:, 1] - y)))
+    for i, (L, s) in enumerate(((lane, 80.0), (left, float(rm.s[rm.offset[left] + k])))):
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = L, s, 0.0, 0.0
+        world._fill_path(i)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    assert math.hypot(*(world.v_xy[0] - world.v_xy[1])) < 6.0  # side by side
+    pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+    snap, lat, hits = _drive(world, snap, pilot, route, 30.0)
+    assert hits == [] and pilot.passes == 0 and not pilot.done
+    assert np.abs(lat).max() < 0.5

@@ -1,0 +1,92 @@
+"""The route tracking shared by the env and the autopilot (sim/tracking.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from drivemind.maps import load_town, plan_route
+from drivemind.sim import density_config
+from drivemind.sim.autopilot import Autopilot, autopilot_episode
+from drivemind.sim.snapshot import ActorClass, Actors, LightState, TrafficLights
+from drivemind.sim.tracking import RouteTracker, corridor_lead, next_stop, route_stops
+
+
+def _straight(rm):
+    lane = int(np.argmax(rm.length * (rm.junction < 0)))
+    return lane, plan_route(rm, (lane, 0.0), (lane, float(rm.length[lane])))
+
+
+def _line(rm, lane, s):
+    x, y, yaw = rm.pose_at(lane, s)
+    c, sn = math.cos(yaw), math.sin(yaw)
+    return np.array([[x + 1.5 * sn, y - 1.5 * c], [x - 1.5 * sn, y + 1.5 * c]]), (x, y, yaw)
+
+
+def test_route_stops_one_per_crossing():
+    """A light whose stop lines the route crosses twice (a route that comes back to it) gives two
+    stops; the two segments of one stop line (two lanes) give one."""
+    rm = load_town("grid")
+    lane, route = _straight(rm)
+    a, (x, y, yaw) = _line(rm, lane, 20.0)
+    b, _ = _line(rm, lane, 60.0)
+    a2 = a + np.array([0.4, 0.0])  # a second segment of the same line
+    lights = TrafficLights(np.array([0]), np.array([[x, y]]), np.array([yaw]),
+                           np.array([int(LightState.RED)], np.uint8), [np.stack([a, a2, b])])
+    stops = route_stops(route, lights)
+    assert [li for _, li in stops] == [0, 0]
+    assert stops[0][0] == pytest.approx(20.0, abs=1.0) and stops[1][0] == pytest.approx(60.0, abs=1.0)
+    # the next stop not yet passed, with the env's and the autopilot's thresholds
+    assert next_stop(stops, 10.0) == (pytest.approx(stops[0][0] - 10.0), 0)
+    assert next_stop(stops, stops[0][0] + 0.3, behind=0.5)[0] == pytest.approx(-0.3)
+    assert next_stop(stops, stops[0][0] + 1.0, behind=0.5)[0] == pytest.approx(stops[1][0] - stops[0][0] - 1.0)
+    assert next_stop(stops, 100.0) == (math.inf, -1)
+
+
+def test_corridor_measures():
+    """'entry' (the autopilot's) is shorter than bumper to bumper ('centre', the env's) by about
+    the corridor's half width; an unknown measure names the valid ones."""
+    rm = load_town("avenue")
+    lane, route = _straight(rm)
+    x0, y0, yaw = rm.pose_at(lane, 10.0)
+    ax, ay, ayaw = rm.pose_at(lane, 30.0)
+    actors = Actors(np.arange(1), np.full(1, int(ActorClass.CAR), np.int8), np.array([[ax, ay]]),
+                    np.array([ayaw]), np.array([[2.0, 1.0]]), np.zeros((1, 2)))
+    tr = RouteTracker(route)
+    tr.update(x0, y0, yaw)
+    centre, who = corridor_lead(route, tr.idx, tr.s, x0, y0, actors, 2.4, 1.05)
+    entry, who2 = corridor_lead(route, tr.idx, tr.s, x0, y0, actors, 2.4, 1.05, measure="entry")
+    assert who == who2 == 0
+    assert centre == pytest.approx(20.0 - 2.4 - 2.0, abs=0.6)
+    assert centre - entry == pytest.approx(1.6 + 1.05 + 0.5, abs=1.0)  # reach + half width + margin
+    # out of the search radius: not seen
+    assert corridor_lead(route, tr.idx, tr.s, x0, y0, actors, 2.4, 1.05, search=15.0) == (math.inf, -1)
+    with pytest.raises(ValueError, match="'centre', 'entry'"):
+        corridor_lead(route, tr.idx, tr.s, x0, y0, actors, 2.4, 1.05, measure="middle")
+
+
+def test_autopilot_uses_the_shared_tracking():
+    """The autopilot's stops are route_stops of the snapshot's lights, so it also stops at lights
+    on a backend without a lane -> light table (lane_light None), and its position is the
+    tracker's."""
+    rm = load_town("Town02")
+    world, rng, snap, pilot = autopilot_episode(rm, density_config("empty"), seed=3)
+    blind = Autopilot(rm, pilot.route, None, world.cfg.ego)
+    for _ in range(30):
+        blind.act(snap)
+        snap = world.step(pilot.act(snap))
+    stops = route_stops(pilot.route, snap.lights)
+    assert stops and pilot.stops == stops and blind.stops == stops
+    assert blind.idx == pilot.idx == pilot.tracker.idx
+    # a red light at the first stop: both brake for it at the same gap
+    cum, li = stops[0]
+    snap.lights.state[:] = int(LightState.GREEN)
+    here = float(pilot.route.cum[pilot.idx])
+    assert pilot._light_gap(snap, here) == math.inf
+    snap.lights.state[li] = int(LightState.RED)
+    if cum - here > 60.0:
+        here = cum - 30.0
+    assert blind._light_gap(snap, here) == pilot._light_gap(snap, here) == pytest.approx(
+        cum - here - world.cfg.ego.length / 2)
