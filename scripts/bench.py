@@ -80,6 +80,7 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
      against what the cores explain (1.0 = none).
 
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
+    python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
@@ -93,7 +94,10 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      and top-1 over its context's 30 action prompts, tau 100; chance 1/30) and a PNG of
      the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.
      --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
-     --pretrained / --weights-path override; needs the vision extra). Rewards take
+     --pretrained / --weights-path override; needs the vision extra). --model also takes an
+     open_clip model-config .json (an architecture open_clip does not ship, its checkpoint as
+     --weights-path); configs/vlm/openclip_tiny.json with --pretrained none is a tiny random
+     tower that runs the whole path offline (figures near chance: it knows nothing). Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 
     python scripts/bench.py distill [--lora-steps 600 --eval-every 100 --set lora_rank=8]
@@ -791,11 +795,12 @@ def bench_reward_quality(args) -> dict:
             if v is not None:
                 enc_cfg[k] = None if v in ("none", "random", "") and k == "pretrained" else v
         enc_cfg["bev"] = args.bev
+        torch.manual_seed(args.seed)  # a random initialisation (--pretrained none) is reproducible
         try:
             enc = OpenClipEncoder.from_config(enc_cfg)
-        except ImportError as e:
+        except (ImportError, ValueError, FileNotFoundError) as e:
             raise SystemExit(f"reward-quality --vlm openclip: {e}") from None
-        embed, text, encoder_name = enc.embed, enc, f"openclip:{enc.name}"
+        embed, text, encoder_name = enc.embed, enc, enc.name
     else:
         from drivemind.bev import BEV_PRESETS
         from drivemind.vlm.bev_clip import BevClip
@@ -1027,8 +1032,10 @@ def main(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="REWARD.PARAM=VALUE",
                    help="override a reward's config param (repeatable), e.g. vlm_rl.theta_min=-0.03")
     p.add_argument("--vlm", default="bev_clip", choices=("bev_clip", "openclip"))
-    p.add_argument("--model", default=None, help="--vlm openclip: open_clip model name (e.g. ViT-B-32)")
-    p.add_argument("--pretrained", default=None, help="--vlm openclip: tag or local checkpoint file")
+    p.add_argument("--model", default=None, help="--vlm openclip: open_clip model name (e.g. ViT-B-32), "
+                   "hf-hub:/local-dir: folder, or a model-config .json file (configs/vlm/openclip_tiny.json)")
+    p.add_argument("--pretrained", default=None, help="--vlm openclip: tag, local checkpoint file, or "
+                   "none (random weights seeded with --seed)")
     p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder")
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
