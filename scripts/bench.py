@@ -56,6 +56,7 @@ reward-dist: the reward-distribution comparison (DriveMind's Table 3 check) betw
      process vs through the reward service (scripts/bench_reward_service.py, options passed on).
 
     python scripts/bench.py drivevlm-service [--reasoner tiny_qwen_vl --detector privileged]
+    python scripts/bench.py drivevlm-service --detector yolo --detector-model yolov8n.yaml
 
 drivevlm-service: DriveVLM-RL's real model slots (default: the tiny random Qwen2.5-VL reasoner
      behind the privileged gate) run inline in the learner's labelling, then in the reward
@@ -492,10 +493,23 @@ def bench_drivevlm_service(args) -> dict:
         th.set_num_threads(args.threads)
     common = dict(buffer_size=args.buffer_size, batch_size=args.batch_size, learning_starts=args.warmup,
                   train_freq=args.train_freq, gradient_steps=args.train_freq, seed=args.seed, verbose=0)
+    det_kw = {}
+    if args.detector_model is not None:
+        det_kw["model"] = args.detector_model
+    if args.detector_imgsz is not None:
+        det_kw["imgsz"] = args.detector_imgsz
+    if det_kw and args.detector != "yolo":
+        raise SystemExit("--detector-model / --detector-imgsz go with --detector yolo")
     out: dict = {"detector": args.detector, "reasoner": args.reasoner, "density": args.density,
                  "steps": args.steps, "train_freq": args.train_freq, "machine": machine()}
+    if det_kw:
+        out["detector_kwargs"] = det_kw
     for mode in ("inline", "service"):
-        reward = make_reward("drivevlm_rl", detector=args.detector, reasoner=args.reasoner)
+        try:
+            reward = make_reward("drivevlm_rl", detector=args.detector, reasoner=args.reasoner,
+                                 detector_kwargs=det_kw)
+        except (ImportError, ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"drivevlm-service: {e}") from None
         synth = reward.parts["synth"][1]
         svc = {"max_batch": 32, "max_wait_ms": 10.0, "threads": 1} if mode == "service" else None
         m = DriveSAC(env=gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev),
@@ -974,6 +988,10 @@ def main(argv=None):
     p.add_argument("--density", default="drivevlm")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
     p.add_argument("--detector", default="privileged", help="privileged or yolo (vision extra)")
+    p.add_argument("--detector-model", default=None,
+                   help="--detector yolo: a .pt checkpoint (default yolov8n.pt, found locally) or a "
+                        ".yaml architecture with random weights (yolov8n.yaml: offline, timing only)")
+    p.add_argument("--detector-imgsz", type=int, default=None, help="--detector yolo: inference size")
     p.add_argument("--reasoner", default="tiny_qwen_vl", help="tiny_qwen_vl, qwen_vl or privileged")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--buffer-size", type=int, default=20_000)
