@@ -256,9 +256,11 @@ def register_config_file(path) -> str:
                          f"{', '.join(need)} (bare, as open_clip's model_configs/*.json, or under "
                          f"\"model_cfg\" as a hub folder's {HUB_CONFIG})")
     name = f"{p.stem}-{key.rsplit(':', 1)[1]}"
-    folder = Path(tempfile.mkdtemp(prefix="drivemind-openclip-cfg-"))
-    (folder / f"{name}.json").write_text(json.dumps(cfg))
-    open_clip.add_model_config(folder / f"{name}.json")
+    # open_clip registers configs from files only; its registry keeps the entry after the file
+    # is gone (a later rescan skips missing paths), so the copy lives only for the call
+    with tempfile.TemporaryDirectory(prefix="drivemind-openclip-cfg-") as folder:
+        (Path(folder) / f"{name}.json").write_text(json.dumps(cfg))
+        open_clip.add_model_config(Path(folder) / f"{name}.json")
     if name not in open_clip.list_models():
         raise ValueError(f"open_clip did not register the model config {p}")
     _JSON_MODELS[key] = name
