@@ -56,6 +56,7 @@ reward-dist: the reward-distribution comparison (DriveMind's Table 3 check) betw
      process vs through the reward service (scripts/bench_reward_service.py, options passed on).
 
     python scripts/bench.py drivevlm-service [--reasoner tiny_qwen_vl --detector privileged]
+    python scripts/bench.py drivevlm-service --detector yolo --detector-model yolov8n.yaml
 
 drivevlm-service: DriveVLM-RL's real model slots (default: the tiny random Qwen2.5-VL reasoner
      behind the privileged gate) run inline in the learner's labelling, then in the reward
@@ -80,6 +81,7 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
      against what the cores explain (1.0 = none).
 
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
+    python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
@@ -94,7 +96,10 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      and top-1 over its context's 30 action prompts, tau 100; chance 1/30) and a PNG of
      the per-reward distributions (--plot). Town01/03/05 are the package's shipped CARLA towns.
      --vlm openclip embeds with OpenCLIP (configs/vlm/openclip.yaml's encoder, --model /
-     --pretrained / --weights-path override; needs the vision extra). Rewards take
+     --pretrained / --weights-path override; needs the vision extra). --model also takes an
+     open_clip model-config .json (an architecture open_clip does not ship, its checkpoint as
+     --weights-path); configs/vlm/openclip_tiny.json with --pretrained none is a tiny random
+     tower that runs the whole path offline (figures near chance: it knows nothing). Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 
     python scripts/bench.py distill [--lora-steps 600 --eval-every 100 --set lora_rank=8]
@@ -489,10 +494,23 @@ def bench_drivevlm_service(args) -> dict:
         th.set_num_threads(args.threads)
     common = dict(buffer_size=args.buffer_size, batch_size=args.batch_size, learning_starts=args.warmup,
                   train_freq=args.train_freq, gradient_steps=args.train_freq, seed=args.seed, verbose=0)
+    det_kw = {}
+    if args.detector_model is not None:
+        det_kw["model"] = args.detector_model
+    if args.detector_imgsz is not None:
+        det_kw["imgsz"] = args.detector_imgsz
+    if det_kw and args.detector != "yolo":
+        raise SystemExit("--detector-model / --detector-imgsz go with --detector yolo")
     out: dict = {"detector": args.detector, "reasoner": args.reasoner, "density": args.density,
                  "steps": args.steps, "train_freq": args.train_freq, "machine": machine()}
+    if det_kw:
+        out["detector_kwargs"] = det_kw
     for mode in ("inline", "service"):
-        reward = make_reward("drivevlm_rl", detector=args.detector, reasoner=args.reasoner)
+        try:
+            reward = make_reward("drivevlm_rl", detector=args.detector, reasoner=args.reasoner,
+                                 detector_kwargs=det_kw)
+        except (ImportError, ValueError, FileNotFoundError) as e:
+            raise SystemExit(f"drivevlm-service: {e}") from None
         synth = reward.parts["synth"][1]
         svc = {"max_batch": 32, "max_wait_ms": 10.0, "threads": 1} if mode == "service" else None
         m = DriveSAC(env=gym.make("DriveMind-v0", town=args.town, density=args.density, bev=args.bev),
@@ -792,11 +810,12 @@ def bench_reward_quality(args) -> dict:
             if v is not None:
                 enc_cfg[k] = None if v in ("none", "random", "") and k == "pretrained" else v
         enc_cfg["bev"] = args.bev
+        torch.manual_seed(args.seed)  # a random initialisation (--pretrained none) is reproducible
         try:
             enc = OpenClipEncoder.from_config(enc_cfg)
-        except ImportError as e:
+        except (ImportError, ValueError, FileNotFoundError) as e:
             raise SystemExit(f"reward-quality --vlm openclip: {e}") from None
-        embed, text, encoder_name = enc.embed, enc, f"openclip:{enc.name}"
+        embed, text, encoder_name = enc.embed, enc, enc.name
     else:
         from drivemind.bev import BEV_PRESETS
         from drivemind.vlm.bev_clip import BevClip
@@ -970,6 +989,10 @@ def main(argv=None):
     p.add_argument("--density", default="drivevlm")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
     p.add_argument("--detector", default="privileged", help="privileged or yolo (vision extra)")
+    p.add_argument("--detector-model", default=None,
+                   help="--detector yolo: a .pt checkpoint (default yolov8n.pt, found locally) or a "
+                        ".yaml architecture with random weights (yolov8n.yaml: offline, timing only)")
+    p.add_argument("--detector-imgsz", type=int, default=None, help="--detector yolo: inference size")
     p.add_argument("--reasoner", default="tiny_qwen_vl", help="tiny_qwen_vl, qwen_vl or privileged")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--buffer-size", type=int, default=20_000)
@@ -1028,8 +1051,10 @@ def main(argv=None):
     p.add_argument("--set", action="append", default=[], metavar="REWARD.PARAM=VALUE",
                    help="override a reward's config param (repeatable), e.g. vlm_rl.theta_min=-0.03")
     p.add_argument("--vlm", default="bev_clip", choices=("bev_clip", "openclip"))
-    p.add_argument("--model", default=None, help="--vlm openclip: open_clip model name (e.g. ViT-B-32)")
-    p.add_argument("--pretrained", default=None, help="--vlm openclip: tag or local checkpoint file")
+    p.add_argument("--model", default=None, help="--vlm openclip: open_clip model name (e.g. ViT-B-32), "
+                   "hf-hub:/local-dir: folder, or a model-config .json file (configs/vlm/openclip_tiny.json)")
+    p.add_argument("--pretrained", default=None, help="--vlm openclip: tag, local checkpoint file, or "
+                   "none (random weights seeded with --seed)")
     p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder")
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")

@@ -242,3 +242,15 @@ def test_config_file_detector_is_the_privileged_stand_in():
                          .read_text())
     det = build_detector(cfg["detector"])
     assert isinstance(det, PrivilegedDetector) and det.fov_deg == cfg["detector"]["fov_deg"]
+
+
+def test_bench_detector_options_go_with_yolo():
+    """bench.py drivevlm-service's --detector-model / --detector-imgsz reach the YOLO slot only:
+    with the privileged detector they stop with one message before anything is built."""
+    from script_loader import load_script
+
+    bench = load_script("bench")
+    with pytest.raises(SystemExit, match="go with --detector yolo"):
+        bench.main(["drivevlm-service", "--detector-model", "yolov8n.yaml"])
+    with pytest.raises(SystemExit, match="go with --detector yolo"):
+        bench.main(["drivevlm-service", "--detector", "privileged", "--detector-imgsz", "64"])

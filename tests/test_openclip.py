@@ -298,3 +298,76 @@ def test_drivesac_with_openclip_encoder(tiny):
     m2 = DriveSAC(env=env, reward_fn=reward, encoder=spec, reward_service=True, buffer_size=50,
                   device="cpu", policy_kwargs=pk)
     assert m2.reward_service is not None and not m2.labeller.embeds_in_service()
+
+
+def test_model_config_json_file(tiny, tmp_path):
+    """model_name may be an open_clip model-config .json (bare, or a hub folder's
+    open_clip_config.json): the architecture is registered under a name that never shadows a
+    built-in one, the checkpoint is loaded through weights_path, and a bad file gets one error."""
+    import open_clip
+
+    from drivemind.vlm.openclip import OpenClipEncoder, register_config_file
+
+    bare = tmp_path / "ViT-B-32.json"  # the same stem as a built-in model must not replace it
+    bare.write_text(json.dumps(TINY_CFG))
+    e = OpenClipEncoder(str(bare), pretrained=None, weights_path=tiny["pt"], bev="cpu")
+    assert e.dim == 32 and e.image_size == 64 and e.name == "openclip:ViT-B-32.json:tiny.pt"
+    assert _same_weights(e, tiny["state"])
+    assert open_clip.get_model_config("ViT-B-32")["embed_dim"] == 512  # the built-in is intact
+    hub_form = OpenClipEncoder(str(tiny["hub"] / "open_clip_config.json"), pretrained=str(tiny["pt"]))
+    assert _same_weights(hub_form, tiny["state"])
+    assert register_config_file(bare) == register_config_file(bare)  # registered once
+    rnd = OpenClipEncoder.from_config({"model_name": str(bare), "pretrained": "none"})
+    assert rnd.weights is None and rnd.name == "openclip:ViT-B-32.json:random-init"
+    with pytest.raises(ValueError, match="unknown pretrained tag 'laion2b_s39b_b160k'"):
+        OpenClipEncoder(str(bare), pretrained="laion2b_s39b_b160k")
+    with pytest.raises(FileNotFoundError, match="nope.json not found"):
+        OpenClipEncoder(str(tmp_path / "nope.json"), pretrained=None)
+    (tmp_path / "broken.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        OpenClipEncoder(str(tmp_path / "broken.json"), pretrained=None)
+    (tmp_path / "partial.json").write_text(json.dumps({"embed_dim": 32, "vision_cfg": {}}))
+    with pytest.raises(ValueError, match="lacks text_cfg"):
+        OpenClipEncoder(str(tmp_path / "partial.json"), pretrained=None)
+    wide = json.loads(json.dumps(TINY_CFG))
+    wide["embed_dim"] = 48
+    bare.write_text(json.dumps(wide))  # an edited file is registered afresh
+    assert OpenClipEncoder(str(bare), pretrained=None).dim == 48
+
+
+def test_shipped_tiny_config_through_reward_quality(tmp_path):
+    """bench.py reward-quality --vlm openclip with the shipped configs/vlm/openclip_tiny.json: the
+    random tower is seeded by --seed, so its checkpoint saved from the same seed and passed as
+    --weights-path gives the same figures, and one saved from another seed does not (the file
+    is really read)."""
+    open_clip = pytest.importorskip("open_clip", reason="needs the vision extra (open_clip_torch)")
+    from pathlib import Path
+
+    import torch
+
+    from drivemind.vlm.openclip import register_config_file
+    from script_loader import load_script
+
+    bench = load_script("bench")
+    cfg = Path(__file__).resolve().parents[1] / "configs" / "vlm" / "openclip_tiny.json"
+    base = ["reward-quality", "--vlm", "openclip", "--model", str(cfg), "--towns", "grid",
+            "--densities", "dense", "--drivers", "expert,random", "--steps", "40", "--seed", "10000",
+            "--rewards", "aicr_static,vlm_rl", "--plot", "", "--learn-rounds", "2"]
+    def keys(out):
+        return (out["retrieval_top1"], out["found_rl_p_at"], out["per_reward"]["aicr_static"]["safe_mean"])
+
+    rnd = bench.main(base + ["--pretrained", "none"])
+    assert rnd["encoder"] == "openclip:openclip_tiny.json:random-init"
+    assert rnd["rows"] > 10 and 0.0 <= rnd["retrieval_top1"] <= 1.0
+    for seed in (10000, 7):
+        torch.manual_seed(seed)
+        model = open_clip.create_model(register_config_file(cfg))
+        torch.save(model.state_dict(), tmp_path / f"tiny_{seed}.pt")
+    same = bench.main(base + ["--weights-path", str(tmp_path / "tiny_10000.pt")])
+    assert same["encoder"] == "openclip:openclip_tiny.json:tiny_10000.pt"
+    assert keys(same) == keys(rnd)
+    other = bench.main(base + ["--weights-path", str(tmp_path / "tiny_7.pt")])
+    assert keys(other)[1:] != keys(rnd)[1:]
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit, match="lacks embed_dim"):
+        bench.main(base + ["--model", str(tmp_path / "bad.json")])

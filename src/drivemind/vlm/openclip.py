@@ -12,6 +12,9 @@ BEV masks are coloured with the project's own BEV palette (:func:`drivemind.bev.
 masks_to_rgb`, the colours of ``BevRenderer.rgb()``) and then go through open_clip's own
 preprocessing (resize, centre crop, normalisation) of the chosen model and tag.
 
+``model_name`` may also be the path of an open_clip model-config JSON file (a custom or tiny
+architecture; its checkpoint as ``weights_path``, or random weights with ``pretrained=None``).
+
 Weights are never downloaded. They are found, in order: ``weights_path`` (a file, or a folder
 holding one of the checkpoint names), ``pretrained`` given as a file path, ``$DRIVEMIND_OPENCLIP_
 WEIGHTS`` (file or folder), the Hugging Face cache (``cache_dir`` or ``$HF_HUB_CACHE``) for the
@@ -125,6 +128,8 @@ def resolve_openclip_weights(model_name: str = "ViT-bigG-14",
     random initialisation (``pretrained`` None / "" / "none" / "random" and no ``weights_path``).
     Looks only at local files; raises one FileNotFoundError naming what is missing."""
     open_clip = _open_clip()
+    if is_config_file(model_name):
+        model_name = register_config_file(model_name)
     folder_model = model_name.startswith(("hf-hub:", "local-dir:"))
     hub_need = f"{HUB_CONFIG} plus {' or '.join(WEIGHT_NAMES)} in one folder"
     if model_name.startswith("local-dir:"):
@@ -135,9 +140,8 @@ def resolve_openclip_weights(model_name: str = "ViT-bigG-14",
         return folder
     if not folder_model and model_name not in open_clip.list_models():
         raise ValueError(f"unknown OpenCLIP model {model_name!r}; valid: "
-                         f"{', '.join(open_clip.list_models())}, 'hf-hub:<org>/<repo>' or "
-                         f"'local-dir:<folder>' (a custom config can be registered with "
-                         f"open_clip.add_model_config)")
+                         f"{', '.join(open_clip.list_models())}, 'hf-hub:<org>/<repo>', "
+                         f"'local-dir:<folder>' or the path of a model-config .json file")
     # 1. an explicit path is used as given, never silently replaced by something else
     if weights_path is not None:
         p = Path(weights_path).expanduser()
@@ -210,6 +214,59 @@ def resolve_openclip_weights(model_name: str = "ViT-bigG-14",
     raise _missing(f"{what} (Hugging Face repo {repo})", need, looked, get)
 
 
+_JSON_MODELS: dict[str, str] = {}  # resolved config file + content hash -> registered name
+
+
+def is_config_file(model_name) -> bool:
+    """True when ``model_name`` names an open_clip model-config JSON file (ends with .json)."""
+    return str(model_name).lower().endswith(".json")
+
+
+def register_config_file(path) -> str:
+    """Register an open_clip model-config JSON file with open_clip and return the name it is
+    registered under. The file holds the architecture either bare (``{"embed_dim": ...,
+    "vision_cfg": {...}, "text_cfg": {...}}``, the form of open_clip's own ``model_configs/*.json``)
+    or as a hub folder's ``open_clip_config.json`` (the same under ``"model_cfg"``). The name is the
+    file's stem plus a hash of its content, so a file never shadows a built-in model of the same
+    name and an edited file is registered afresh."""
+    import hashlib
+    import json
+    import tempfile
+
+    open_clip = _open_clip()
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"OpenCLIP model config {p} not found: model_name ending in .json "
+                                f"must be an open_clip model-config file (embed_dim, vision_cfg, "
+                                f"text_cfg), e.g. a copy of one of open_clip's model_configs/*.json")
+    text = p.read_text()
+    key = f"{p.resolve()}:{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+    if key in _JSON_MODELS:
+        return _JSON_MODELS[key]
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"OpenCLIP model config {p} is not valid JSON: {e}") from e
+    if isinstance(cfg, dict) and isinstance(cfg.get("model_cfg"), dict):
+        cfg = cfg["model_cfg"]
+    need = ("embed_dim", "vision_cfg", "text_cfg")
+    missing = [k for k in need if not isinstance(cfg, dict) or k not in cfg]
+    if missing:
+        raise ValueError(f"OpenCLIP model config {p} lacks {', '.join(missing)}: it must hold "
+                         f"{', '.join(need)} (bare, as open_clip's model_configs/*.json, or under "
+                         f"\"model_cfg\" as a hub folder's {HUB_CONFIG})")
+    name = f"{p.stem}-{key.rsplit(':', 1)[1]}"
+    # open_clip registers configs from files only; its registry keeps the entry after the file
+    # is gone (a later rescan skips missing paths), so the copy lives only for the call
+    with tempfile.TemporaryDirectory(prefix="drivemind-openclip-cfg-") as folder:
+        (Path(folder) / f"{name}.json").write_text(json.dumps(cfg))
+        open_clip.add_model_config(Path(folder) / f"{name}.json")
+    if name not in open_clip.list_models():
+        raise ValueError(f"open_clip did not register the model config {p}")
+    _JSON_MODELS[key] = name
+    return name
+
+
 def _bev_config(bev) -> BevConfig | None:
     if bev is None or isinstance(bev, BevConfig):
         return bev
@@ -224,7 +281,9 @@ class OpenClipEncoder(CachedPrompts):
     """An open_clip model as a frozen contrastive encoder (module docstring).
 
     ``model_name``: any open_clip config name (``open_clip.list_models()``, or one registered with
-    ``open_clip.add_model_config``), ``hf-hub:<org>/<repo>`` or ``local-dir:<folder>``.
+    ``open_clip.add_model_config``), ``hf-hub:<org>/<repo>``, ``local-dir:<folder>``, or the path
+    of an open_clip model-config ``.json`` file (:func:`register_config_file`: an architecture
+    open_clip does not ship, with its checkpoint as ``weights_path`` / ``pretrained``).
     ``pretrained``: a tag of that model (``open_clip.list_pretrained_tags_by_model``), a
     checkpoint file, or None for random weights (named ``random-init`` in ``name``).
     ``weights_path``: the checkpoint file (or a folder holding it), overriding every search.
@@ -243,19 +302,22 @@ class OpenClipEncoder(CachedPrompts):
         if self.batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         self.bev_config = _bev_config(bev)
-        src = resolve_openclip_weights(self.model_name, pretrained, weights_path, cache_dir)
+        arch_name = (register_config_file(self.model_name) if is_config_file(self.model_name)
+                     else self.model_name)
+        src = resolve_openclip_weights(arch_name, pretrained, weights_path, cache_dir)
         self.weights = src
         kw = {}
         if image_size is not None:
             kw["force_image_size"] = int(image_size)
         hub = self.model_name.startswith(("hf-hub:", "local-dir:"))
+        tcfg = {}
         if hub:
             arch, ckpt = f"local-dir:{src}", None
         else:
-            arch, ckpt = self.model_name, (str(src) if src is not None else None)
+            arch, ckpt = arch_name, (str(src) if src is not None else None)
             tag = str(pretrained) if pretrained is not None else ""
             from open_clip.pretrained import get_pretrained_cfg
-            tcfg = get_pretrained_cfg(self.model_name, tag) if tag.lower() not in RANDOM else {}
+            tcfg = get_pretrained_cfg(arch_name, tag) if tag.lower() not in RANDOM else {}
             # the tag's own preprocessing and activation, which open_clip applies only when it
             # resolves the tag itself (we hand it the file we found)
             for key, arg in (("mean", "image_mean"), ("std", "image_std"),
@@ -288,9 +350,12 @@ class OpenClipEncoder(CachedPrompts):
             label = ""
         elif pretrained is not None and Path(str(pretrained)).expanduser().is_file():
             label = Path(str(pretrained)).name
-        else:
-            label = str(pretrained) if pretrained else Path(src).name
-        self.name = self.model_name if hub else f"{self.model_name}:{label}"
+        elif tcfg:  # a published tag of this model (its file found, or given as weights_path)
+            label = str(pretrained)
+        else:  # weights_path with no tag of this model (e.g. a model-config .json's checkpoint)
+            label = Path(src).name
+        shown = Path(self.model_name).name if is_config_file(self.model_name) else self.model_name
+        self.name = shown if hub else f"{shown}:{label}"
         self.name = f"openclip:{self.name}"
         self.image_size = self.preprocess_size()
         self._cache: dict[str, np.ndarray] = {}
