@@ -216,6 +216,14 @@ def test_archive_grows_batch_by_batch_and_never_overwrites_another_run(study, tm
     third = report([str(out / "runs"), str(c), "--out", str(out), "--archive"])
     assert third["runs"] == 10  # the same chen run again: updated, not counted twice
     assert (out / "runs" / "0-chen-s0" / "eval" / "Town01-dense" / "metrics.json").is_file()
+    episodes = c / "0-chen-s0" / "logs" / "episodes.csv"
+    with open(episodes, "a") as f:  # it trained on (resumed) since: still the same run
+        f.write(episodes.read_text().splitlines()[-1] + "\n")
+    late = shutil.copytree(b / "1-chen-s1", c / "1-late-s1")  # a run still in training: no summary
+    (late / "summary.json").unlink()
+    fourth = report([str(out / "runs"), str(c), "--out", str(out), "--archive"])
+    assert fourth["runs"] == 10 and not (out / "runs" / "1-late-s1").exists()
+    assert (out / "runs" / "0-chen-s0" / "logs" / "episodes.csv").read_bytes() == episodes.read_bytes()
 
 
 def test_report_splits_methods_on_any_other_swept_key(real_run, tmp_path):

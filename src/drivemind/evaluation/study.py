@@ -266,8 +266,10 @@ def archive_runs(runs: list[dict], dest) -> list[Path]:
     JSON/CSV/markdown; no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run
     name>`` where two runs share a name), so the report can be rebuilt from ``dest`` alone
     (``docs/results/runs``). An archive grows batch by batch: a folder already in ``dest`` that
-    holds the same run (the same ``logs/episodes.csv``) is updated in place (evaluations added
-    since), and one holding another run is never overwritten (the new one gets a ``-2`` suffix).
+    holds the same run (the same config, and an ``episodes.csv`` the run's starts with) is updated
+    in place (episodes and evaluations added since), and one holding another run is never
+    overwritten (the new one gets a ``-2`` suffix). Runs still ``incomplete`` (in training, or
+    stopped by a signal) are not archived: they are archived once finished.
     Returns the folders written."""
     import filecmp
     import shutil
@@ -277,6 +279,8 @@ def archive_runs(runs: list[dict], dest) -> list[Path]:
     out, used = [], set()
     count = Counter(r["name"] for r in runs)
     for r in runs:
+        if str(r.get("status", "")).startswith("incomplete"):
+            continue
         name = r["name"] if count[r["name"]] == 1 else f"{r['path'].parent.name}-{r['name']}"
         base, i = name, 1
         while name in used or _holds_other_run(dest / name, r["path"], filecmp):
@@ -294,10 +298,18 @@ def archive_runs(runs: list[dict], dest) -> list[Path]:
 
 
 def _holds_other_run(target: Path, source: Path, filecmp) -> bool:
+    """``target`` exists and is not an earlier copy of ``source``: the same config, and an
+    ``episodes.csv`` that is the source's or a beginning of it (the run went on since)."""
     if not target.exists():
         return False
+    ca, cb = target / "config.yaml", source / "config.yaml"
+    if not (ca.is_file() and cb.is_file() and filecmp.cmp(ca, cb, shallow=False)):
+        return True
     a, b = target / "logs" / "episodes.csv", source / "logs" / "episodes.csv"
-    return not (a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False))
+    if not (a.is_file() and b.is_file()):
+        return True
+    old, new = a.read_bytes(), b.read_bytes()
+    return not new.startswith(old)
 
 
 # ---------------------------------------------------------------------------- curves
