@@ -158,11 +158,13 @@ def evaluate(student, teacher, scenes: list, majority: tuple[str, str] | None = 
     return out
 
 
-def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
+def run(cfg: DistillConfig = DistillConfig(), progress=None, scenes=None) -> dict:
     """Drive the scenes, distil the student online and measure it (module docstring). Returns
     the last point's measures at the top level and the whole curve (``curve``: one dict per
     evaluation, with ``step``, ``loss`` (mean of the steps since the last point) and the
-    measures)."""
+    measures). ``scenes``: ``(train, heldout)`` lists of PromptRequests already driven (what
+    :func:`collect_scenes` returns for ``cfg``'s drive plan) instead of driving them again, e.g.
+    to compare students on the same scenes."""
     from ..vlm.generators import make_generator
     from ..vlm.prompts import PrivilegedTeacher
 
@@ -172,10 +174,13 @@ def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
     teacher = PrivilegedTeacher()
     t_drive = time.perf_counter()
     rng = np.random.default_rng([cfg.seed, 1])
-    train_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.env_steps, cfg.every,
-                               cfg.train_seed, cfg.bev)
-    heldout_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.heldout_env_steps,
-                                 cfg.every, cfg.heldout_seed, cfg.bev)
+    if scenes is None:
+        train_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.env_steps, cfg.every,
+                                   cfg.train_seed, cfg.bev)
+        heldout_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.heldout_env_steps,
+                                     cfg.every, cfg.heldout_seed, cfg.bev)
+    else:
+        train_all, heldout_all = (list(x) for x in scenes)
     train = cap_share(train_all, teacher, cfg.max_share, rng)
     if len(train) < cfg.lora_steps:
         raise ValueError(f"{cfg.lora_steps} LoRA steps need as many training scenes, but the "
