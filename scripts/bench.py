@@ -106,7 +106,9 @@ distill: does the prompt distillation work? A student_smolvlm (a CPU-sized rando
      stream capped per teacher answer), measured every --eval-every steps on held-out scenes
      (disjoint seeds). Reports parse_rate (share of answers parse_prompt_json accepts), agreement
      (present and ideal prompts both equal the teacher's on the same scene), agreement_present,
-     agreement_ideal, majority_agreement (a constant answer's), the curve, and a PNG of it.
+     agreement_ideal, majority_agreement (the stream's most frequent answer's),
+     best_constant_agreement (the held-out scenes' own most frequent answer's: the best a constant
+     answer could do), distinct_answers, the curve, and a PNG of it.
 """
 
 from __future__ import annotations
@@ -871,13 +873,15 @@ def bench_distill(args) -> dict:
     def progress(m):
         print(f"step {m['step']}: parse_rate {m['parse_rate']:.3f} agreement {m['agreement']:.3f} "
               f"(present {m['agreement_present']:.3f}, ideal {m['agreement_ideal']:.3f}, majority "
-              f"{m['majority_agreement']:.3f}) loss {m['loss']}", file=sys.stderr, flush=True)
+              f"{m['majority_agreement']:.3f}, best constant {m['best_constant_agreement']:.3f}) "
+              f"distinct {m['distinct_answers']} loss {m['loss']}", file=sys.stderr, flush=True)
 
     try:
         out = run(cfg, progress=progress)
     except ValueError as e:
         raise SystemExit(f"distill: {e}") from None
     for k in ("parse_rate", "agreement", "agreement_present", "agreement_ideal", "majority_agreement",
+              "best_constant_agreement",
               "learn_s_per_step", "collect_s", "seconds"):
         out[k] = round(float(out[k]), 4)
     if args.plot:
