@@ -287,9 +287,9 @@ def test_student_reads_the_scene_where_an_input_blind_student_cannot(task, passe
     train, test = _two_class_task(48, 8, image=task == "image", speed=task == "speed")
     answers = [teacher.generate(train[0][0]), teacher.generate(train[1][0])]
     assert answers[0] != answers[1]
-    seeing = ({"image_features": "bev_clip"} if task == "image"
+    seeing = ({"image_features": "bev_clip", "measurements": []} if task == "image"
               else {"image_features": "bev_clip", "measurements": ["speed_kmh"]})
-    blind = {"image_features": "bev_clip"}
+    blind = {"image_features": "bev_clip", "measurements": []}
 
     def view(name, req):  # the image-blind control sees one empty frame for every scene
         if name == "blind" and task == "image":
