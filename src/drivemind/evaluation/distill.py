@@ -2,7 +2,7 @@
 held-out scenes against the number of LoRA steps (``scripts/bench.py distill``).
 
     from drivemind.evaluation.distill import DistillConfig, run
-    result = run(DistillConfig(lora_steps=600))  # parse_rate, agreement, curve, ...
+    result = run(DistillConfig(lora_steps=1500))  # parse_rate, agreement, curve, ...
 
 **Scenes.** The lite simulator drives ``towns`` x ``densities`` x ``drivers`` (the reward-quality
 set's drivers: the autopilot, the perturbed autopilot, random actions) for ``env_steps`` steps
@@ -52,14 +52,14 @@ class DistillConfig:
     towns: tuple = ("grid", "curves", "avenue")
     densities: tuple = ("regular", "dense")
     drivers: tuple = DRIVERS
-    env_steps: int = 300  # env steps per town x density x driver (training drive)
+    env_steps: int = 900  # env steps per town x density x driver (training drive)
     heldout_env_steps: int = 150  # the same, held-out drive
     every: int = 3  # keep every n-th frame
     train_seed: int = 0
     heldout_seed: int = 20_000
     max_share: float = 0.2  # cap of one teacher answer in the training stream
-    lora_steps: int = 600
-    eval_every: int = 100
+    lora_steps: int = 1500
+    eval_every: int = 300
     eval_scenes: int = 40  # held-out scenes answered at each point of the curve
     seed: int = 0  # the student's initial weights and the stream's order
     bev: str = "cpu"
