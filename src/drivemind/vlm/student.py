@@ -19,7 +19,11 @@ and embeddings, the paper's online distillation) but
 - puts LoRA adapters also on ``lm_head`` and the image connector (a random frozen output head
   keeps the logits near uniform; a random frozen connector hides the image) and trains them with
   a learning rate for adapters on a random base (1e-3; the paper's 5e-5 is for adapters on a
-  pretrained SmolVLM).
+  pretrained SmolVLM);
+- reads the scene (:class:`StudentGenerator`, the defaults): its image tokens are the frozen
+  BEV-CLIP tower's embedding of the BEV through a trained connector (its own random vision tower
+  never learnt to read the scene), and its prompt carries the ego's measured speed as a number
+  (one BEV frame does not show it); the lr decays over the first 1,500 steps.
 
 The defaults are configs/generator/student_smolvlm.yaml's (``reward.params.generator=
 student_smolvlm``); ``python scripts/bench.py distill`` measures how well it learns
@@ -307,9 +311,13 @@ class StudentGenerator(SmolVLMGenerator):
     - ``measurements``: ego measurements (:data:`EGO_MEASUREMENTS`, e.g. ``("speed_kmh",)``)
       written as numbers after the inference prompt (:func:`measurement_text`), read from the
       request's facts: what the car's own sensors give (a single BEV frame does not show the
-      ego's speed), never facts about other actors.
+      ego's speed), never facts about other actors;
+    - ``lr_decay_steps``: the lr falls (cosine) from ``lr`` to ``lr / 10`` over that many LoRA
+      steps (counted from this object's first step), then stays; 0 keeps it constant.
 
-    With ``image_features="idefics3"`` and no measurements it is exactly SmolVLMGenerator."""
+    The connector's input is standardised by running statistics of the embeddings seen in
+    ``learn`` (buffers saved with it). With ``image_features="idefics3"``, no measurements and
+    ``lr_decay_steps=0`` it is exactly SmolVLMGenerator."""
 
     def __init__(self, *, image_features: str = "idefics3", image_tokens: int = 4,
                  measurements=(), bev_clip_weights=None, lr_decay_steps: int = 0,
