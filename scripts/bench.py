@@ -102,16 +102,19 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      tower that runs the whole path offline (figures near chance: it knows nothing). Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 
-    python scripts/bench.py distill [--lora-steps 600 --eval-every 100 --set lora_rank=8]
+    python scripts/bench.py distill [--lora-steps 1500 --eval-every 300 --set lora_rank=8]
 
 distill: does the prompt distillation work? A student_smolvlm (a CPU-sized random SmolVLM with a
-     BPE tokenizer trained on the teacher's outputs, configs/generator/student_smolvlm.yaml)
+     BPE tokenizer trained on the teacher's outputs, reading the frozen BEV-CLIP embedding through
+     a trained connector and the ego's speed in its prompt; configs/generator/student_smolvlm.yaml)
      distilled online from the privileged teacher, one LoRA step per teacher-labelled scene the
      lite simulator drives (drivemind.evaluation.distill: built-in towns, three drivers, the
      stream capped per teacher answer), measured every --eval-every steps on held-out scenes
      (disjoint seeds). Reports parse_rate (share of answers parse_prompt_json accepts), agreement
      (present and ideal prompts both equal the teacher's on the same scene), agreement_present,
-     agreement_ideal, majority_agreement (a constant answer's), the curve, and a PNG of it.
+     agreement_ideal, majority_agreement (the stream's most frequent answer's),
+     best_constant_agreement (the held-out scenes' own most frequent answer's: the best a constant
+     answer could do), distinct_answers, the curve, and a PNG of it.
 """
 
 from __future__ import annotations
@@ -890,13 +893,15 @@ def bench_distill(args) -> dict:
     def progress(m):
         print(f"step {m['step']}: parse_rate {m['parse_rate']:.3f} agreement {m['agreement']:.3f} "
               f"(present {m['agreement_present']:.3f}, ideal {m['agreement_ideal']:.3f}, majority "
-              f"{m['majority_agreement']:.3f}) loss {m['loss']}", file=sys.stderr, flush=True)
+              f"{m['majority_agreement']:.3f}, best constant {m['best_constant_agreement']:.3f}) "
+              f"distinct {m['distinct_answers']} loss {m['loss']}", file=sys.stderr, flush=True)
 
     try:
         out = run(cfg, progress=progress)
     except ValueError as e:
         raise SystemExit(f"distill: {e}") from None
     for k in ("parse_rate", "agreement", "agreement_present", "agreement_ideal", "majority_agreement",
+              "best_constant_agreement",
               "learn_s_per_step", "collect_s", "seconds"):
         out[k] = round(float(out[k]), 4)
     if args.plot:
@@ -1064,12 +1069,12 @@ def main(argv=None):
     p.add_argument("--towns", default="grid,curves,avenue")
     p.add_argument("--densities", default="regular,dense")
     p.add_argument("--drivers", default="expert,perturbed,random")
-    p.add_argument("--env-steps", type=int, default=300, help="training drive: env steps per town x density x driver")
+    p.add_argument("--env-steps", type=int, default=900, help="training drive: env steps per town x density x driver")
     p.add_argument("--heldout-env-steps", type=int, default=150, help="held-out drive: the same")
     p.add_argument("--every", type=int, default=3, help="keep every n-th frame")
     p.add_argument("--max-share", type=float, default=0.2, help="cap of one teacher answer in the training stream")
-    p.add_argument("--lora-steps", type=int, default=600, help="LoRA steps (one per training scene)")
-    p.add_argument("--eval-every", type=int, default=100, help="LoRA steps between two points of the curve")
+    p.add_argument("--lora-steps", type=int, default=1500, help="LoRA steps (one per training scene)")
+    p.add_argument("--eval-every", type=int, default=300, help="LoRA steps between two points of the curve")
     p.add_argument("--eval-scenes", type=int, default=40, help="held-out scenes answered at each point")
     p.add_argument("--seed", type=int, default=0, help="the student's initial weights and the stream's order")
     p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")

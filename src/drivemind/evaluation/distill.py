@@ -2,7 +2,7 @@
 held-out scenes against the number of LoRA steps (``scripts/bench.py distill``).
 
     from drivemind.evaluation.distill import DistillConfig, run
-    result = run(DistillConfig(lora_steps=600))  # parse_rate, agreement, curve, ...
+    result = run(DistillConfig(lora_steps=1500))  # parse_rate, agreement, curve, ...
 
 **Scenes.** The lite simulator drives ``towns`` x ``densities`` x ``drivers`` (the reward-quality
 set's drivers: the autopilot, the perturbed autopilot, random actions) for ``env_steps`` steps
@@ -24,11 +24,14 @@ writes its JSON and the student takes one LoRA step on it (batch 1); each scene 
   scene (whitespace-normalised; an unparseable answer disagrees); ``agreement_present`` and
   ``agreement_ideal`` each on its own;
 - ``majority_agreement``: the same for a constant answer, the training stream's most frequent
-  teacher pair: the bar an image-blind student clears.
+  teacher pair: the bar an image-blind student clears;
+- ``best_constant_agreement``: the held-out scenes' own most frequent teacher pair's share, the
+  best any constant answer could score (chosen with hindsight; with a long capped stream the
+  stream's majority pair need not be the held-out one's, so this is the bar to beat).
 
-The student sees only the image (the teacher reads ground truth, including speed, which one BEV
-frame shows only through the vehicles' history channels), so agreement is bounded by what the
-frame shows.
+The student sees the image and, when configured, the ego's own measurements (``measurements``:
+its speed as a number in the prompt; the teacher reads ground truth, and one BEV frame does not
+show the ego's speed), so agreement is bounded by what those show.
 """
 
 from __future__ import annotations
@@ -49,14 +52,14 @@ class DistillConfig:
     towns: tuple = ("grid", "curves", "avenue")
     densities: tuple = ("regular", "dense")
     drivers: tuple = DRIVERS
-    env_steps: int = 300  # env steps per town x density x driver (training drive)
+    env_steps: int = 900  # env steps per town x density x driver (training drive)
     heldout_env_steps: int = 150  # the same, held-out drive
     every: int = 3  # keep every n-th frame
     train_seed: int = 0
     heldout_seed: int = 20_000
     max_share: float = 0.2  # cap of one teacher answer in the training stream
-    lora_steps: int = 600
-    eval_every: int = 100
+    lora_steps: int = 1500
+    eval_every: int = 300
     eval_scenes: int = 40  # held-out scenes answered at each point of the curve
     seed: int = 0  # the student's initial weights and the stream's order
     bev: str = "cpu"
@@ -158,11 +161,13 @@ def evaluate(student, teacher, scenes: list, majority: tuple[str, str] | None = 
     return out
 
 
-def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
+def run(cfg: DistillConfig = DistillConfig(), progress=None, scenes=None) -> dict:
     """Drive the scenes, distil the student online and measure it (module docstring). Returns
     the last point's measures at the top level and the whole curve (``curve``: one dict per
     evaluation, with ``step``, ``loss`` (mean of the steps since the last point) and the
-    measures)."""
+    measures). ``scenes``: ``(train, heldout)`` lists of PromptRequests already driven (what
+    :func:`collect_scenes` returns for ``cfg``'s drive plan) instead of driving them again, e.g.
+    to compare students on the same scenes."""
     from ..vlm.generators import make_generator
     from ..vlm.prompts import PrivilegedTeacher
 
@@ -172,10 +177,13 @@ def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
     teacher = PrivilegedTeacher()
     t_drive = time.perf_counter()
     rng = np.random.default_rng([cfg.seed, 1])
-    train_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.env_steps, cfg.every,
-                               cfg.train_seed, cfg.bev)
-    heldout_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.heldout_env_steps,
-                                 cfg.every, cfg.heldout_seed, cfg.bev)
+    if scenes is None:
+        train_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.env_steps, cfg.every,
+                                   cfg.train_seed, cfg.bev)
+        heldout_all = collect_scenes(cfg.towns, cfg.densities, cfg.drivers, cfg.heldout_env_steps,
+                                     cfg.every, cfg.heldout_seed, cfg.bev)
+    else:
+        train_all, heldout_all = (list(x) for x in scenes)
     train = cap_share(train_all, teacher, cfg.max_share, rng)
     if len(train) < cfg.lora_steps:
         raise ValueError(f"{cfg.lora_steps} LoRA steps need as many training scenes, but the "
@@ -186,12 +194,15 @@ def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
     heldout = [heldout_all[i] for i in sorted(ho_idx)]
     counts = collections.Counter(_pair(teacher, s) for s in train)
     majority = counts.most_common(1)[0][0]
+    # the best any constant answer could do on these held-out scenes (chosen with hindsight)
+    best_constant = max(collections.Counter(_pair(teacher, s) for s in heldout).values()) / len(heldout)
     collect_s = time.perf_counter() - t_drive
 
     curve, losses, learn_s = [], [], 0.0
 
     def point(step):
         m = evaluate(student, teacher, heldout, majority)
+        m["best_constant_agreement"] = best_constant
         m.update(step=step, loss=float(np.mean(losses)) if losses else None)
         losses.clear()
         curve.append(m)
@@ -207,7 +218,8 @@ def run(cfg: DistillConfig = DistillConfig(), progress=None) -> dict:
             point(i)
     last = curve[-1]
     out = {k: last[k] for k in ("parse_rate", "agreement", "agreement_present", "agreement_ideal",
-                                "majority_agreement", "distinct_answers")}
+                                "majority_agreement", "best_constant_agreement",
+                                "distinct_answers")}
     first_ok = next((p["step"] for p in curve if p["parse_rate"] >= 0.9), None)
     out.update(lora_steps=len(train), steps_to_parse_0_9=first_ok, curve=curve,
                train_scenes=len(train), train_scenes_before_cap=len(train_all),
@@ -236,6 +248,9 @@ def plot_curve(curve: list[dict], path, title: str = "") -> str:
     if curve and curve[0].get("majority_agreement") is not None:
         ax.axhline(curve[0]["majority_agreement"], color="grey", ls="--",
                    label="majority answer (image-blind)")
+    if curve and curve[0].get("best_constant_agreement") is not None:
+        ax.axhline(curve[0]["best_constant_agreement"], color="black", ls=":",
+                   label="best constant answer (hindsight)")
     ax.set_xlabel("LoRA steps (one per teacher-labelled scene)")
     ax.set_ylabel("share of held-out scenes")
     ax.set_ylim(-0.02, 1.02)
