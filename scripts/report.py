@@ -87,14 +87,9 @@ def study_spec() -> dict:
     from omegaconf import OmegaConf
 
     import drivemind  # noqa: F401  (the config resolvers)
+    from drivemind.evaluation.study import flatten
 
     configs = Path(__file__).resolve().parents[1] / "configs"
-
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
 
     spec = {}
     for key, name in (("table1", "study_table1"), ("ppo", "study_ppo")):
@@ -105,7 +100,7 @@ def study_spec() -> dict:
         study = raw["study"]
         spec[key] = {"rewards": [r.strip() for r in str(params["reward"]).split(",")],
                      "seeds": len(str(params["seed"]).split(",")),
-                     "protocol": flat(OmegaConf.to_container(cfg, resolve=True)),
+                     "protocol": flatten(OmegaConf.to_container(cfg, resolve=True)),
                      "train": (study["train"]["town"], study["train"]["density"]),
                      "evals": [tuple(str(e).rsplit("-", 1)) for e in study["eval"]]}
     return spec

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from drivemind.evaluation import compute_metrics, write_reports
 from drivemind.evaluation.metrics import EpisodeRecord
-from drivemind.evaluation.study import build_report, find_runs, method_curves
+from drivemind.evaluation.study import build_report, find_runs, flatten, method_curves
 from drivemind.naming import MAX_LEN
 from drivemind.training import train
 from drivemind.training.evaluate import evaluate_run
@@ -351,13 +351,6 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
     assert (run / "eval" / "grid-regular" / "metrics.json").stat().st_mtime_ns == before
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
     """The study is run in batches over many sessions, so its settings must not drift: composing
     ``experiment=study_<name>`` with an archived run's reward, ablation and seed gives that run's
@@ -374,8 +367,8 @@ def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
                      f"seed={old['seed']}", f"algo={old['algo']['name']}"]
         if old["reward"].get("ablate", "none") != "none":
             overrides.append(f"reward.ablate={old['reward']['ablate']}")
-        new = _flat(resolved(*overrides))
-        old = _flat(old)
+        new = flatten(resolved(*overrides))
+        old = flatten(old)
         drift = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in old.keys() | new.keys()
                  if not k.startswith("logger.") and old.get(k, "<absent>") != new.get(k, "<absent>")}
         assert not drift, f"{path.parent.name}: the study's settings changed since it ran: {drift}"

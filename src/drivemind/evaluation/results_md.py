@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 
 from .published import DM_T1, DM_T2, published_for
-from .report import METRIC_COLUMNS
+from .report import METRIC_COLUMNS, _table
 
 BLOCKS = ("table1", "table2", "ppo", "heldout", "guidance")
 ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
@@ -80,11 +80,6 @@ def _paper(reward: str, algo: str, town: str, density: str, keys, ablate=None, s
             vals = " / ".join(fmt(k, e["metrics"][k][0]) for k in keys if k in e["metrics"])
             return f"(the paper's is {other.upper()}: {vals})"
     return "(not in the table)"
-
-
-def _table(header: list[str], body: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in body)]
 
 
 def render_blocks(report: dict, spec: dict) -> dict[str, str]:

@@ -321,16 +321,20 @@ def pavement_network(rm: RoadMap, sites: np.ndarray, margin: float = 1.0,
     V = np.concatenate([P, xy_nodes])
     adj: list[list[tuple[int, float]]] = [[] for _ in range(M + N)]
 
-    def link(i, j):
-        d = float(np.hypot(*(V[i] - V[j])))
-        adj[i].append((j, d))
-        adj[j].append((i, d))
+    def link_clear(a, b):
+        """Link the node pairs (a[k], b[k]) whose straight walk stays off the lanes."""
+        a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+        if not len(a):
+            return
+        ok = _segment_clear(rm, V[a], V[b])
+        for i, j in zip(a[ok].tolist(), b[ok].tolist()):
+            d = float(np.hypot(*(V[i] - V[j])))
+            adj[i].append((j, d))
+            adj[j].append((i, d))
 
     # along a piece: consecutive points (checked off the lanes between them)
     same = np.flatnonzero(piece[1:] == piece[:-1]) if M else np.zeros(0, np.int64)
-    ok = _segment_clear(rm, P[same], P[same + 1])
-    for i in same[ok]:
-        link(int(i), int(i) + 1)
+    link_clear(same, same + 1)
     # between pieces: from each piece's ends to the nearest point of each other piece in reach
     if M:
         first = np.flatnonzero(np.concatenate([[True], piece[1:] != piece[:-1]]))
@@ -346,11 +350,7 @@ def pavement_network(rm: RoadMap, sites: np.ndarray, margin: float = 1.0,
             firsts = order[np.concatenate([[True], piece[order][1:] != piece[order][:-1]])]
             cand_a.extend([e] * len(firsts))
             cand_b.extend(firsts.tolist())
-        ca, cb = np.array(cand_a, np.int64), np.array(cand_b, np.int64)
-        if len(ca):
-            ok = _segment_clear(rm, P[ca], P[cb])
-            for a, b in zip(ca[ok], cb[ok]):
-                link(int(a), int(b))
+        link_clear(cand_a, cand_b)
     # kerb ends: to the pavement points within 3 m (off the lanes on the way)
     if M and N:
         na, nb2 = [], []
@@ -359,11 +359,7 @@ def pavement_network(rm: RoadMap, sites: np.ndarray, margin: float = 1.0,
             near = np.flatnonzero(d < 3.0)
             na.extend([M + n] * len(near))
             nb2.extend(near.tolist())
-        na, nb2 = np.array(na, np.int64), np.array(nb2, np.int64)
-        if len(na):
-            ok = _segment_clear(rm, V[na], V[nb2])
-            for a, b in zip(na[ok], nb2[ok]):
-                link(int(a), int(b))
+        link_clear(na, nb2)
     # legs: Dijkstra from each kerb end; a kerb end reached ends that branch (walk to it, then cross)
     legs = []
     for n in range(N):
