@@ -777,6 +777,36 @@ def test_autopilot_completes_routes_in_traffic(town, density, seed):
     assert world.npc_collision_total == 0
 
 
+def test_autopilot_gives_way_along_chained_junction_lanes():
+    """A way through a junction can be a chain of junction lanes (a junction road of several
+    sections, as Town05's). The expert gives way to a vehicle on any lane of a chain that leads
+    into a lane crossing its path, and to one coming up to such a chain: on Town05 dense it once
+    drove at 28 km/h in front of a car entering one (it saw neither the car inside the chain's
+    first lane nor the lane feeding it). Checked over the 10 fixed routes' junctions."""
+    from drivemind.envs.routes import eval_routes
+
+    rm = load_town("Town05")
+    routes, _ = eval_routes(rm)
+    chains = 0
+    for route in routes:
+        pilot = Autopilot(rm, route)
+        ours = set(int(v) for v in route.lanes)
+        for cr in pilot.crossings:
+            watched = {int(L) for feeds in cr.feeders.values() for _, _, group in feeds
+                       for L in group}
+            for L, (s0, s1, _, _) in cr.conflicts.items():
+                assert 0.0 <= s0 <= s1
+                for A in map(int, rm.predecessors(L)):
+                    if A in ours:
+                        continue
+                    if rm.junction[A] == rm.junction[L]:  # L's chain goes on before it
+                        chains += 1
+                        assert A in cr.conflicts, f"junction lane {A} leads into crossing lane {L}"
+                    elif rm.junction[A] < 0:  # L is the first lane of its chain
+                        assert L in watched, f"lane {A} feeds crossing lane {L}, not watched"
+    assert chains > 0  # the fixed routes cross such chains (else this checks nothing)
+
+
 def test_walker_blocked_by_a_standing_car_turns_back():
     """Regression: a car stopped for a walker right beside its front corner, the walker (whose next
     step was into the car) waited for the car and the car for the walker, for good. A walker kept

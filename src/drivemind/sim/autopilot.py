@@ -486,6 +486,29 @@ def _crossing(rm: RoadMap, r: Route, i0: int, vcurve: np.ndarray) -> _Crossing:
             rows, cols = np.flatnonzero(close.any(axis=1)), np.flatnonzero(close.any(axis=0))
             conflicts[L] = (float(rows[0] * rm.ds[L]), float(rows[-1] * rm.ds[L]),
                             float(cum[cols[0]]), float(cum[cols[-1]]))
+    # a way through can be a chain of junction lanes (a junction road of several sections): the
+    # lanes before a conflicting one in its chain lead into the crossing, their stretch lying
+    # beyond their own end, so a vehicle on them, and one coming up to them, is given way to too
+    # (Town05 dense: the expert crossed in front of a car entering such a chain)
+    chained: set = set()
+    frontier = list(conflicts)
+    while frontier:
+        L = frontier.pop(0)
+        s0, s1, c0, c1 = conflicts[L]
+        for A in rm.predecessors(L):
+            A = int(A)
+            if rm.junction[A] != jid or A in ours or (A in conflicts and A not in chained):
+                continue
+            la = float(rm.length[A])
+            new = (la + s0, la + s1, c0, c1)
+            if A in chained:  # reached along two chains: the nearest crossing and the last one
+                old = conflicts[A]
+                conflicts[A] = (min(old[0], new[0]), max(old[1], new[1]),
+                                min(old[2], new[2]), max(old[3], new[3]))
+                continue
+            conflicts[A] = new
+            chained.add(A)
+            frontier.append(A)
     # lanes leading into conflicting ones (two deep: lanes between junctions can be short), but
     # not those of our own way in (the vehicles there are behind us or our leaders)
     j0 = int(np.searchsorted(r.cum, r.cum[i0] - 80.0))
