@@ -633,6 +633,8 @@ def bench_learn(args) -> dict:
     (``experiment=fast`` unless ``--experiment``), per seed, then evaluate on the training town's
     10 fixed routes; route completion, success and collision rates, env steps and steps/s, and
     curves (PNG) against env steps and wall time for all seeds."""
+    from drivemind.naming import sweep_subdir
+
     root = Path(__file__).resolve().parents[1]
     seeds = [int(x) for x in str(args.seeds).split(",")] if args.seeds else [args.seed]
     overrides = [f"reward={args.reward}", f"town={args.town}", f"density={args.density}"] if not args.run_dir else []
@@ -641,17 +643,21 @@ def bench_learn(args) -> dict:
     overrides += list(args.override)
     out = Path(args.out)
     runs, rows = {}, []
+    # the extra overrides are part of the name (as a sweep's run names show every swept key), so
+    # two variants of one reward and seed never share a run directory
+    extra = "_".join(o.replace("=", "-", 1) for o in args.override)
+    stem = sweep_subdir("learn", f"{args.experiment}-{args.reward}-{args.town}-{args.density}", extra)
     for seed in seeds:
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
-            run_dir = out / f"learn-{args.experiment}-{args.reward}-{args.town}-{args.density}-s{seed}"
+            run_dir = out / sweep_subdir(
+                "learn", f"{args.experiment}-{args.reward}-{args.town}-{args.density}-s{seed}", extra)
         rows.append(learn_one(root, args.experiment, seed, overrides, run_dir, args.max_steps,
                               train=not args.run_dir))
         runs[f"seed {seed}"] = run_dir
         print(json.dumps(rows[-1]), file=sys.stderr)
-    curve = (Path(args.run_dir) if args.run_dir else out) / (
-        f"learn-{args.experiment}-{args.reward}-{args.town}-{args.density}.png")
+    curve = (Path(args.run_dir) if args.run_dir else out) / f"{stem}.png"
     _learning_curves(runs, curve)
     mean = {k: round(float(np.mean([r[k] for r in rows])), 3)
             for k in ("route_completion", "success_rate", "collision_rate", "mean_speed_kmh",

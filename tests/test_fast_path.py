@@ -185,6 +185,10 @@ def test_bench_learn_prints_the_figures(tmp_path, capsys):
         assert k in res, k
     assert res["env_steps"] > 0 and 0 <= res["route_completion"] <= 1
     assert Path(res["curve"]).exists()
+    # the run's directory shows the extra overrides: two variants of a reward never share one
+    run_dir = Path(res["per_seed"][0]["run_dir"])
+    assert run_dir.parent == tmp_path and "algo.batch_size-16" in run_dir.name
+    assert run_dir.name.startswith("learn-fast-drivemind_kinematic-grid-empty-s0-")
 
 
 def test_n_step_returns_stop_at_episode_ends_unlabelled_rows_and_the_write_position():

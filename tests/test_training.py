@@ -171,6 +171,18 @@ def test_resume_needs_a_run(tmp_path):
         train(config(*TINY, "total_timesteps=10"), tmp_path, resume=True)
 
 
+def test_a_new_run_never_overwrites_a_finished_one(sac_run, tmp_path):
+    """Training without resume into a directory that holds a run stops before writing anything
+    (two `bench.py learn` variants once shared a directory and the second overwrote the first)."""
+    src, _ = sac_run
+    run_dir = tmp_path / "run"
+    shutil.copytree(src, run_dir)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    with pytest.raises(FileExistsError, match="already holds a training run.*resume="):
+        train(config(*TINY, *SAC, "total_timesteps=100"), run_dir)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
 # ---------------------------------------------------------------------------- SIGINT
 
 

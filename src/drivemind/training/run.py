@@ -112,6 +112,12 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         cfg, entry = resumed_config(run_dir, cfg)
     validate_config(cfg, resumed=resume)
     if not resume:
+        held = [f for f in ("summary.json", "checkpoints/latest.json") if (run_dir / f).exists()]
+        if held:
+            raise FileExistsError(
+                f"{run_dir} already holds a training run ({', '.join(held)}): a new run there would "
+                f"overwrite it. Continue it with `python scripts/train.py resume={run_dir}`, or "
+                f"train into another directory")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
