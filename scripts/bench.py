@@ -801,6 +801,7 @@ def bench_reward_quality(args) -> dict:
     except ValueError as e:
         raise SystemExit(f"reward-quality: {e}") from None
     t0 = time.perf_counter()
+    embed_speed = False  # the encoder also reads each frame's ego speed (BEV-CLIP's speed tower)
     if args.vlm == "openclip":
         from omegaconf import OmegaConf
 
@@ -827,11 +828,20 @@ def bench_reward_quality(args) -> dict:
         shape = tuple(BEV_PRESETS[args.bev].shape) if args.bev in BEV_PRESETS else None
         if shape is None:
             raise SystemExit(f"--bev must be one of {', '.join(BEV_PRESETS)}, got {args.bev!r}")
-        model = BevClip.load(bev_shape=shape)
+        try:
+            model = BevClip.load(args.weights_path, bev_shape=shape)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"reward-quality --weights-path: {e}") from None
         embed, text, encoder_name = model.embed, None, "bev_clip+minilm"
+        embed_speed = model.reads_speed
+        if model.reads_speed:  # the opt-in speed tower (bev_clip_cpu_speed.pt)
+            encoder_name = f"bev_clip[{model.path.name}, ego speed]+minilm"
+        elif args.weights_path:
+            encoder_name = f"bev_clip[{model.path.name}]+minilm"
     total = len(cfg.towns) * len(cfg.densities) * len(cfg.drivers) * cfg.steps
     with tqdm(total=total, desc="held-out set", unit="step", disable=not args.progress) as bar:
-        data = collect(cfg, embed=embed, progress=bar)
+        data = collect(cfg, embed=embed, progress=bar,
+                       embed_speed=embed_speed)
     t_collect = time.perf_counter() - t0
     lab = data.labels
     out = {"encoder": encoder_name, "rows": len(data), "danger_rows": int(lab["collision_1s"].sum()),
@@ -1060,7 +1070,9 @@ def main(argv=None):
                    "hf-hub:/local-dir: folder, or a model-config .json file (configs/vlm/openclip_tiny.json)")
     p.add_argument("--pretrained", default=None, help="--vlm openclip: tag, local checkpoint file, or "
                    "none (random weights seeded with --seed)")
-    p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder")
+    p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder; "
+                   "--vlm bev_clip: a BEV-CLIP checkpoint (path or name, e.g. bev_clip_cpu_speed.pt: "
+                   "the speed tower; default: the shipped one for --bev)")
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
