@@ -82,6 +82,7 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
 
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
     python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
+    python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed.pt   # BEV-CLIP's speed tower
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
@@ -99,7 +100,9 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      --pretrained / --weights-path override; needs the vision extra). --model also takes an
      open_clip model-config .json (an architecture open_clip does not ship, its checkpoint as
      --weights-path); configs/vlm/openclip_tiny.json with --pretrained none is a tiny random
-     tower that runs the whole path offline (figures near chance: it knows nothing). Rewards take
+     tower that runs the whole path offline (figures near chance: it knows nothing). With the
+     default --vlm bev_clip, --weights-path picks another BEV-CLIP checkpoint; a speed tower
+     (bev_clip_cpu_speed.pt) gets each frame's ego speed, its standstill twins speed 0. Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 
     python scripts/bench.py distill [--lora-steps 1500 --eval-every 300 --set lora_rank=8]
