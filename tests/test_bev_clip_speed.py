@@ -87,7 +87,9 @@ def test_speed_features_are_bounded_and_tell_the_bands_apart():
     assert len({tuple(r) for r in f.numpy().round(4).tolist()}) == 8
 
 
-def test_speed_checkpoint_round_trip_and_names(tmp_path):
+def test_speed_checkpoint_round_trip_and_names(tmp_path, monkeypatch):
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     m = _tiny(True)
     x = (np.random.default_rng(0).random((4, 4, 32, 32)) < 0.5).astype(np.uint8) * 255
     v = np.array([0.0, 10.0, 30.0, 50.0])
@@ -108,6 +110,8 @@ def test_speed_checkpoint_round_trip_and_names(tmp_path):
     assert weights_name((15, 96, 96), speed=True) == SPEED_NAME == "bev_clip_cpu_speed.pt"
     assert weights_name((15, 192, 192), speed=True) == "bev_clip_roach_speed.pt"
     assert weights_name(None) == weights_name((15, 96, 96)) == DEFAULT_NAME
+    with pytest.raises(FileNotFoundError, match=r"bev_clip_roach_speed\.pt.*--bev roach --threads 1 --speed-input"):
+        BevClip.load("bev_clip_roach_speed.pt", bev_shape=(15, 192, 192))
 
 
 def test_the_default_tower_stays_image_only(monkeypatch, tmp_path):

@@ -159,7 +159,8 @@ def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
     raise FileNotFoundError(
         f"BEV-CLIP weights {p.name!r}{what} not found; looked at: "
         f"{', '.join(str(t) for t in tried)} (checkpoints there: {', '.join(have) or 'none'}). "
-        f"Train them once with `{train_command(bev_shape)}`{_train_note(bev_shape)} (writes "
+        f"Train them once with `{train_command(bev_shape)}"
+        f"{' --speed-input' if p.name.endswith('_speed.pt') else ''}`{_train_note(bev_shape)} (writes "
         f"{out}; CPU minutes), "
         f"or pass the path of an existing checkpoint.")
 
