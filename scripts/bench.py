@@ -82,6 +82,7 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
 
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
     python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
+    python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed.pt   # BEV-CLIP's speed tower
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
@@ -99,7 +100,9 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      --pretrained / --weights-path override; needs the vision extra). --model also takes an
      open_clip model-config .json (an architecture open_clip does not ship, its checkpoint as
      --weights-path); configs/vlm/openclip_tiny.json with --pretrained none is a tiny random
-     tower that runs the whole path offline (figures near chance: it knows nothing). Rewards take
+     tower that runs the whole path offline (figures near chance: it knows nothing). With the
+     default --vlm bev_clip, --weights-path picks another BEV-CLIP checkpoint; a speed tower
+     (bev_clip_cpu_speed.pt) gets each frame's ego speed, its standstill twins speed 0. Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 
     python scripts/bench.py distill [--lora-steps 1500 --eval-every 300 --set lora_rank=8]
@@ -807,6 +810,7 @@ def bench_reward_quality(args) -> dict:
     except ValueError as e:
         raise SystemExit(f"reward-quality: {e}") from None
     t0 = time.perf_counter()
+    embed_speed = False  # the encoder also reads each frame's ego speed (BEV-CLIP's speed tower)
     if args.vlm == "openclip":
         from omegaconf import OmegaConf
 
@@ -833,11 +837,20 @@ def bench_reward_quality(args) -> dict:
         shape = tuple(BEV_PRESETS[args.bev].shape) if args.bev in BEV_PRESETS else None
         if shape is None:
             raise SystemExit(f"--bev must be one of {', '.join(BEV_PRESETS)}, got {args.bev!r}")
-        model = BevClip.load(bev_shape=shape)
+        try:
+            model = BevClip.load(args.weights_path, bev_shape=shape)
+        except (FileNotFoundError, ValueError) as e:
+            raise SystemExit(f"reward-quality --weights-path: {e}") from None
         embed, text, encoder_name = model.embed, None, "bev_clip+minilm"
+        embed_speed = model.reads_speed
+        if model.reads_speed:  # the opt-in speed tower (bev_clip_cpu_speed.pt)
+            encoder_name = f"bev_clip[{model.path.name}, ego speed]+minilm"
+        elif args.weights_path:
+            encoder_name = f"bev_clip[{model.path.name}]+minilm"
     total = len(cfg.towns) * len(cfg.densities) * len(cfg.drivers) * cfg.steps
     with tqdm(total=total, desc="held-out set", unit="step", disable=not args.progress) as bar:
-        data = collect(cfg, embed=embed, progress=bar)
+        data = collect(cfg, embed=embed, progress=bar,
+                       embed_speed=embed_speed)
     t_collect = time.perf_counter() - t0
     lab = data.labels
     out = {"encoder": encoder_name, "rows": len(data), "danger_rows": int(lab["collision_1s"].sum()),
@@ -1066,7 +1079,9 @@ def main(argv=None):
                    "hf-hub:/local-dir: folder, or a model-config .json file (configs/vlm/openclip_tiny.json)")
     p.add_argument("--pretrained", default=None, help="--vlm openclip: tag, local checkpoint file, or "
                    "none (random weights seeded with --seed)")
-    p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder")
+    p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder; "
+                   "--vlm bev_clip: a BEV-CLIP checkpoint (path or name, e.g. bev_clip_cpu_speed.pt: "
+                   "the speed tower; default: the shipped one for --bev)")
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr")

@@ -76,14 +76,18 @@ def drive_frames(cfg: dict, town: str, density: str, steps: int, seed: int, ever
 
 def encoder_for(cfg: dict, bev_shape):
     """(image embed function, text encoder or None for the rewards' default, name): OpenCLIP when
-    the config's ``vlm.encoder.kind`` is ``openclip``, else the shipped BEV-CLIP + MiniLM."""
+    the config's ``vlm.encoder.kind`` is ``openclip``, else BEV-CLIP + MiniLM (the shipped tower,
+    or ``vlm.encoder.weights``: e.g. ``vlm=bev_clip_speed``, whose embed function then takes
+    ``speed_kmh=``)."""
     enc_cfg = dict((cfg.get("vlm") or {}).get("encoder") or {})
     if enc_cfg.get("kind") == "openclip":
         from drivemind.vlm.openclip import OpenClipEncoder
         enc = OpenClipEncoder.from_config(enc_cfg)
         return enc.embed, enc, enc.name
     from drivemind.vlm.bev_clip import BevClip
-    model = BevClip.load(bev_shape=tuple(bev_shape))
+    model = BevClip.load(enc_cfg.get("weights"), bev_shape=tuple(bev_shape))
+    if model.reads_speed:
+        return model.embed, None, f"bev_clip[{model.path.name}, ego speed]+minilm"
     return model.embed, None, "bev_clip+minilm"
 
 
@@ -153,7 +157,8 @@ def main(argv=None) -> dict:
     if text is not None:
         reward.bind_encoder(text)
     batch = fact_batch(infos)
-    batch["embedding"] = embed(frames)
+    speed = getattr(getattr(embed, "__self__", None), "reads_speed", False)  # the speed tower
+    batch["embedding"] = embed(frames, speed_kmh=batch["speed_kmh"]) if speed else embed(frames)
     values = part.calibration_values(batch)
     before = {k: getattr(part, k) for k in ("theta_min", "theta_max") if hasattr(part, k)}
     params = part.calibrate(values, args.low_quantile, args.high_quantile)

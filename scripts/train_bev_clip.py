@@ -19,6 +19,11 @@ view; ``--channels`` / ``--history`` change the planes) and the default output i
     python scripts/train_bev_clip.py --bev roach --threads 1  # ~/.cache/drivemind/bev_clip_roach.pt
     python scripts/train_bev_clip.py --bev paper --threads 1  # ~/.cache/drivemind/bev_clip_paper.pt
     python scripts/train_bev_clip.py --steps 200 --epochs 1 --out /tmp/bev_clip.pt   # smoke run
+    python scripts/train_bev_clip.py --speed-input --threads 1  # ~/.cache/drivemind/bev_clip_cpu_speed.pt
+
+``--speed-input`` trains the opt-in tower that also reads the ego's measured speed (each frame's
+``speed_kmh`` fact: the car's speedometer, a measurement as Roach gives its policy beside the BEV)
+and writes ``bev_clip_<preset>_speed.pt``; the default tower and file are untouched.
 """
 
 from __future__ import annotations
@@ -82,6 +87,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--val-frac", type=float, default=0.1, help="held-out fraction of segments")
     ap.add_argument("--seed", type=int, default=0, help="below 10000 (reward-quality's seeds)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--speed-input", action="store_true",
+                    help="train the speed tower: the ego's measured speed (km/h) is an input beside "
+                         "the BEV (default out: bev_clip_<preset>_speed.pt)")
     ap.add_argument("--canonical", action="store_true",
                     help="train on the canonical caption wording (default: paraphrases)")
     ap.add_argument("--reward-configs", default=str(REPO / "configs" / "reward"),
@@ -101,7 +109,7 @@ def main(argv=None) -> dict:
             raise ValueError(f"--drivers: unknown {bad or drivers}; valid: {', '.join(DRIVERS)}")
     except ValueError as e:
         ap.error(str(e))
-    out_path = args.out or str(default_weights_path(bev.shape))
+    out_path = args.out or str(default_weights_path(bev.shape, speed=args.speed_input))
 
     import torch
     from tqdm.auto import tqdm
@@ -131,6 +139,8 @@ def main(argv=None) -> dict:
                                 else v[rows]) for k, v in t.items()})
     tgt = frame_targets(data.infos, data.polarity, None if args.canonical else rng)
     canon = tgt["scene_canonical"]
+    speed = (np.array([float(i["speed_kmh"]) for i in data.infos], np.float32)
+             if args.speed_input else None)
     text = MiniLMTextEncoder()
     print(f"BEV {bev.shape}: {len(data)} frames ({len(tr)} train, {len(va)} held-out, "
           f"{data.frames.nbytes / 2**30:.2f} GiB), {len(set(canon))} distinct captions, "
@@ -143,24 +153,29 @@ def main(argv=None) -> dict:
     model = train_multi(train_frames, sub(tgt, tr), text, safe=safe, danger=danger,
                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, channel_names=bev.channel_names(), progress=True,
+                        speed_kmh=None if speed is None else speed[tr],
                         log=lambda ep, parts: print(f"epoch {ep}: " + ", ".join(
                             f"{k} {v:.3f}" for k, v in parts.items()), file=sys.stderr))
     n_params = sum(p.numel() for p in model.parameters())
     t_train = time.time() - t1
     va_tgt = sub(tgt, va)
-    held = evaluate(model, data.frames[va], va_tgt, [canon[i] for i in va], text)
+    sp = (lambda rows: None if speed is None else speed[rows])
+    held = evaluate(model, data.frames[va], va_tgt, [canon[i] for i in va], text, speed_kmh=sp(va))
     trs = tr[:: max(1, len(tr) // max(len(va), 1))]  # a train subset as large as the held-out one
     train = evaluate(model, train_frames[:: max(1, len(tr) // max(len(va), 1))], sub(tgt, trs),
-                     [canon[i] for i in trs], text)
+                     [canon[i] for i in trs], text, speed_kmh=sp(trs))
     del train_frames
     hr = held["retrieval"]
     out = model.save(out_path, towns=towns, densities=dens, drivers=drivers,
                      frames=int(len(data)), heldout=hr, heldout_measures=_plain(held),
                      seed=args.seed, bev=bev.to_dict(), epochs=args.epochs, steps=args.steps,
-                     every=args.every, recipe="multi-family v2 (drivemind.vlm.bev_clip_train)")
+                     every=args.every, speed_input=bool(args.speed_input),
+                     recipe="multi-family v2 (drivemind.vlm.bev_clip_train)"
+                            + (" + ego speed input" if args.speed_input else ""))
     common = Counter(canon[i] for i in va).most_common(1)[0][0]
     res = {"out": str(out), "bev_shape": list(bev.shape),
-           "stem_stride": model.config["stem_stride"], "params": int(n_params),
+           "stem_stride": model.config["stem_stride"], "speed_input": bool(args.speed_input),
+           "params": int(n_params),
            "weights_bytes": os.path.getsize(out), "frames": int(len(data)),
            "train_frames": int(len(tr)), "heldout_frames": int(len(va)),
            "danger_frames": int((data.polarity < 0).sum()), "safe_frames": int((data.polarity > 0).sum()),

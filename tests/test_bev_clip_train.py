@@ -118,6 +118,27 @@ def test_tiny_multi_family_run_is_deterministic_and_finite(frames, text):
         train_multi(frames.frames[:5], t, text, **kw)
 
 
+def test_tiny_speed_tower_run_is_deterministic(frames, text):
+    """``train_multi(speed_kmh=...)`` (``train_bev_clip.py --speed-input``): a speed tower, the
+    same tensors on a second run, the speeds it was trained with needed to evaluate it."""
+    from drivemind.vlm.bev_clip_train import evaluate, train_multi
+
+    t = frame_targets(frames.infos, frames.polarity, np.random.default_rng(0))
+    safe, danger = polarity_prompts()
+    v = np.array([i["speed_kmh"] for i in frames.infos])
+    kw = dict(safe=safe, danger=danger, epochs=1, batch_size=32, seed=3, speed_kmh=v)
+    m1, m2 = train_multi(frames.frames, t, text, **kw), train_multi(frames.frames, t, text, **kw)
+    assert m1.reads_speed and "speed.0.weight" in m1.state_dict()
+    for k, val in m1.state_dict().items():
+        assert torch.equal(val, m2.state_dict()[k]), k
+    res = evaluate(m1, frames.frames, t, t["scene_canonical"], text, speed_kmh=v)
+    assert 0.0 <= res["retrieval"]["accuracy"] <= 1.0
+    with pytest.raises(ValueError, match="speed"):
+        evaluate(m1, frames.frames, t, t["scene_canonical"], text)
+    with pytest.raises(ValueError, match="speeds"):
+        train_multi(frames.frames, t, text, **{**kw, "speed_kmh": v[:5]})
+
+
 def test_shipped_tower_was_measured_on_heldout_segments(monkeypatch, tmp_path):
     """The shipped cpu checkpoint records how its training run scored held-out segments: danger
     frames rank above safe ones for the static prompts and Found-RL's actions beat chance."""

@@ -174,3 +174,31 @@ def test_action_alignment_reads_found_rls_softmax(tiny):
     assert res["top1"] == 1.0 and res["p_mean"] > 2 * base["p_mean"]
     with pytest.raises(ValueError, match="embed="):
         action_alignment(dataclasses.replace(data, embedding=None), text)
+
+
+def test_a_speed_tower_gets_each_frames_ego_speed(tiny):
+    """``collect(embed_speed=True)`` (BEV-CLIP's speed tower): the frame a step led to is embedded
+    with that step's ``speed_kmh``, the frame it was taken in with its own measured speed, and the
+    standstill twin's frame at speed 0."""
+    def embed(bev, speed_kmh):
+        e = _hash_embed(bev)
+        e[:, 0] = np.asarray(speed_kmh, np.float32)  # the speed it was given, read back below
+        return e
+
+    cfg = HeldoutConfig(towns=("grid",), densities=("drivevlm",), drivers=("perturbed",),
+                        steps=60, every=1, seed=1)
+    data = collect(cfg, embed=embed, embed_speed=True)
+    assert np.allclose(data.embedding[:, 0], data.facts["speed_kmh"], atol=1e-3)
+    assert (data.facts["speed_kmh"] > 5).any()
+    # consecutive steps of one episode: the observation acted in is the previous step's frame
+    dt = 0.1
+    nxt = np.flatnonzero((np.diff(data.episode) == 0) & np.isclose(np.diff(data.facts["time"]), dt))
+    assert len(nxt) and np.allclose(data.obs_embedding[nxt + 1, 0], data.facts["speed_kmh"][nxt],
+                                    atol=1e-3)
+    assert (data.standstill_embedding[:, 0] == 0).all()
+    assert np.allclose(data.standstill_embedding[:, 1:], data.embedding[:, 1:])
+    b = data.batch()
+    assert np.array_equal(standstill_twin(b, data.standstill_embedding)["embedding"],
+                          data.standstill_embedding)
+    assert np.array_equal(standstill_twin(b)["embedding"], b["embedding"])
+    assert tiny[1].standstill_embedding is None  # an image-only tower: the twin keeps its embedding

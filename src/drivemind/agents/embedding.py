@@ -66,12 +66,41 @@ def split_needs(reward_fn) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (tuple(k for k in needs if k not in provided), tuple(k for k in needs if k in provided))
 
 
+BEV_CLIP_KEYS = ("kind", "weights")  # vlm.encoder keys of kind bev_clip (configs/vlm/bev_clip_speed.yaml)
+
+
 def check_encoder(encoder: dict | None) -> dict | None:
-    """A copy of the ``encoder`` config (None: BEV-CLIP); an unknown ``kind`` lists the valid ones."""
+    """A copy of the ``encoder`` config (None: BEV-CLIP); an unknown ``kind`` lists the valid ones.
+    Kind ``bev_clip`` takes ``weights``: a checkpoint path or file name (None: the shipped one for
+    the BEV's shape; ``bev_clip_cpu_speed.pt``: the opt-in tower that also reads the ego's speed)."""
     encoder = dict(encoder) if encoder else None
     if encoder and encoder.get("kind", "bev_clip") not in ENCODERS:
         raise ValueError(f"unknown encoder kind {encoder.get('kind')!r}; valid: {', '.join(ENCODERS)}")
+    if encoder and encoder.get("kind", "bev_clip") == "bev_clip":
+        bad = sorted(set(encoder) - set(BEV_CLIP_KEYS))
+        if bad:
+            raise ValueError(f"unknown option(s) {bad} for encoder kind 'bev_clip'; valid: "
+                             f"{', '.join(BEV_CLIP_KEYS)}")
     return encoder
+
+
+def ego_speed_unit_kmh(env=None) -> float:
+    """km/h per unit of the observation's ego speed (``obs["ego"][0]`` is speed / ``speed_scale``
+    in m/s): 3.6 x ``env``'s ``cfg.speed_scale`` (a DriveEnv, or a VecEnv of them), else 3.6 x
+    DriveEnv's default ``speed_scale``. What a speed tower reads for observations without a step's
+    facts (episode starts)."""
+    scale = None
+    try:
+        if hasattr(env, "get_attr"):  # an SB3 VecEnv
+            scale = env.get_attr("cfg", indices=[0])[0].speed_scale
+        elif env is not None:
+            scale = env.unwrapped.cfg.speed_scale
+    except (AttributeError, IndexError):
+        scale = None
+    if scale is None:
+        from ..envs.driving_env import EnvConfig
+        scale = EnvConfig().speed_scale
+    return 3.6 * float(scale)
 
 
 def bev_shape(observation_space) -> tuple[int, ...]:
@@ -90,7 +119,7 @@ def build_image_encoder(encoder: dict | None, bev_shape=None, reward_fn=None):
     kind = (encoder or {}).get("kind", "bev_clip")
     if kind == "bev_clip":
         from ..vlm.bev_clip import BevClip
-        return BevClip.load(bev_shape=bev_shape)
+        return BevClip.load((encoder or {}).get("weights"), bev_shape=bev_shape)
     from ..vlm.openclip import OpenClipEncoder
     enc = OpenClipEncoder.from_config(encoder)
     if reward_fn is not None and hasattr(reward_fn, "bind_encoder"):
@@ -146,5 +175,5 @@ def sample_triples(obs_embedding: np.ndarray, action: np.ndarray, embedding: np.
     return {"obs_embedding": v[keep], "embedding": nxt[keep], "action": a[keep]}
 
 
-__all__ = ["BATCH_KEYS", "ENCODERS", "VIEW_KEY", "bev_shape", "build_image_encoder", "can_embed_rgb",
-           "check_encoder", "wants_view_embedding", "warn_bev_only", "needs_embedding", "needs_obs_embedding", "run_prepare", "sample_triples", "split_needs"]
+__all__ = ["BATCH_KEYS", "BEV_CLIP_KEYS", "ENCODERS", "VIEW_KEY", "bev_shape", "build_image_encoder",
+           "can_embed_rgb", "check_encoder", "ego_speed_unit_kmh", "wants_view_embedding", "warn_bev_only", "needs_embedding", "needs_obs_embedding", "run_prepare", "sample_triples", "split_needs"]

@@ -24,6 +24,12 @@ and, for DriveSAC, the reward service's embedding worker. The learners keep only
     columns it returns, e.g. prompt ids, are stored per transition); after each training round
     ``reward_fn.learn`` gets a sampler of (v_t, a_t, v_t+1) embedding triples (the world model);
     ``reward_fn.state_dict()`` is saved with the model (``reward_state``) and restored by ``load``.
+  - **A tower that reads the ego's speed** (``vlm=bev_clip_speed``: ``bev_clip_cpu_speed.pt``,
+    ``BevClip.reads_speed``) gets each frame's measured speed beside its BEV: the step's
+    ``speed_kmh`` fact for the next observation (the buffer's stored facts), the observation's own
+    ``ego`` speed measurement for the observations acted from at episode starts
+    (:func:`~drivemind.agents.embedding.ego_speed_unit_kmh`). Such a tower embeds inline, never in
+    the reward service's worker.
   - **Forward camera.** A reward that reads ``view_embedding`` (DriveVLM-RL's dynamic pathway) makes
     the buffer keep each step's camera frame (``info["front_rgb"]``: CARLA with a camera) while the
     transition is pending: the reward's models read it (``frame(i)["rgb"]``), and an encoder that
@@ -55,7 +61,7 @@ import numpy as np
 
 from .buffer import LABELLED, PENDING, RelabelReplayBuffer
 from .embedding import (VIEW_KEY, bev_shape, build_image_encoder, can_embed_rgb, check_encoder,
-                        needs_embedding, needs_obs_embedding, run_prepare, sample_triples,
+                        ego_speed_unit_kmh, needs_embedding, needs_obs_embedding, run_prepare, sample_triples,
                         wants_view_embedding, warn_bev_only)
 from ..reward_service import SERVICE_DEFAULTS
 
@@ -162,6 +168,9 @@ class Labeller:
         self.service_dead = False  # the worker died: embed inline from then on
         self.warned_views = False
         self.image_encoder = None
+        # km/h per unit of obs["ego"][0] (a speed tower's episode-start frames): a callable the
+        # agent sets from its env (None: DriveEnv's default speed_scale)
+        self.speed_unit = None
         self._service = None
         self._in_service: dict[int, int] = {}  # request id -> step when submitted
         self._poll_timeout = 0.0
@@ -275,9 +284,38 @@ class Labeller:
             self.image_encoder = build_image_encoder(self.encoder, shape, self.reward_fn)
         return self.image_encoder
 
-    def embed(self, frames: np.ndarray, batch_size: int = 256) -> np.ndarray:
-        """BEV frames through the tower (counted in ``embedded_frames``)."""
-        out = np.asarray(self.tower().embed(frames, batch_size=batch_size), np.float32)
+    @property
+    def custom_bev_clip(self) -> bool:
+        """Whether a BEV-CLIP checkpoint other than the shipped one for the BEV's shape was
+        configured (``encoder.weights``, e.g. the speed tower): embedded inline, not in the
+        reward service's worker (which hosts the shipped one)."""
+        return not self.custom_encoder and bool((self.encoder or {}).get("weights"))
+
+    @property
+    def tower_reads_speed(self) -> bool:
+        """Whether the image tower reads the ego's measured speed beside the BEV (the speed
+        tower); only a configured checkpoint can (``custom_bev_clip``)."""
+        return self.custom_bev_clip and bool(getattr(self.tower(), "reads_speed", False))
+
+    def _unit(self) -> float:
+        return float(self.speed_unit()) if callable(self.speed_unit) else ego_speed_unit_kmh(None)
+
+    def obs_speed_kmh(self, ego) -> np.ndarray:
+        """The measured speeds (km/h) of observations from their ``ego`` vectors (N, 3)."""
+        e = np.asarray(ego, np.float64)
+        return (e[None] if e.ndim == 1 else e)[:, 0] * self._unit()
+
+    def _tower_embed(self, frames: np.ndarray, speed, batch_size: int) -> np.ndarray:
+        """``frames`` through the tower; ``speed`` (a callable giving (N,) km/h) is read only when
+        the tower reads the ego's speed."""
+        if self.tower_reads_speed:
+            return self.tower().embed(frames, batch_size=batch_size, speed_kmh=speed())
+        return self.tower().embed(frames, batch_size=batch_size)
+
+    def embed(self, frames: np.ndarray, batch_size: int = 256, speed_kmh=None) -> np.ndarray:
+        """BEV frames through the tower (counted in ``embedded_frames``); ``speed_kmh`` (one per
+        frame) is passed to a tower that reads the ego's speed (required there)."""
+        out = np.asarray(self._tower_embed(frames, lambda: speed_kmh, batch_size), np.float32)
         self.embedded_frames += len(frames)
         return out
 
@@ -362,7 +400,8 @@ class Labeller:
         n = len(slots)
         for a in range(0, len(slots), batch_size):
             s = slots[a:a + batch_size]
-            buf.set_embeddings(s, self.tower().embed(bev_frames(buf, s, next=True), batch_size=batch_size))
+            buf.set_embeddings(s, self._tower_embed(bev_frames(buf, s, next=True),
+                                                    lambda s=s: self._fact_speed(buf, s), batch_size))
         if buf.obs_embeddings is not None and len(all_slots):
             # v_t of each transition: the same episode's previous next-embedding, else embed obs
             oflat = buf.obs_embeddings.reshape(-1, buf.embedding_dim)
@@ -375,10 +414,28 @@ class Labeller:
             for a in range(0, len(start), batch_size):
                 s = start[a:a + batch_size]
                 frames = bev_frames(buf, s, next=False)
-                buf.set_embeddings(s, self.tower().embed(frames, batch_size=batch_size), obs=True)
+                buf.set_embeddings(s, self._tower_embed(frames, lambda s=s: self._obs_speed(buf, s),
+                                                        batch_size), obs=True)
             n += len(start)
         self.embedded_frames += n
         return n
+
+    def _fact_speed(self, buf, slots) -> np.ndarray:
+        """The stored ``speed_kmh`` facts of buffer slots (the frames the steps led to)."""
+        if "speed_kmh" not in buf.fact_keys:
+            raise ValueError(f"the image tower reads the ego's speed, but the replay buffer does not "
+                             f"store the 'speed_kmh' fact (fact_keys: {list(buf.fact_keys)}); keep "
+                             f"it in fact_keys or use the image-only BEV-CLIP (vlm=none)")
+        f = buf.facts.reshape(-1, len(buf.fact_keys))
+        return f[np.asarray(slots, np.int64), buf.fact_keys.index("speed_kmh")].astype(np.float64)
+
+    def _obs_speed(self, buf, slots) -> np.ndarray:
+        """The measured speeds of buffer slots' observations (acted from), from their ``ego``."""
+        if "ego" not in buf.vectors:
+            raise ValueError("the image tower reads the ego's speed, but the observations have no "
+                             "'ego' measurement vector to read it from")
+        rows, envs = np.divmod(np.asarray(slots, np.int64), buf.n_envs)
+        return self.obs_speed_kmh(buf._read_rows(rows, envs, {}, images=False)["ego"].numpy())
 
     def embed_views(self, buf, slots: np.ndarray, batch_size: int = 64) -> int:
         """Embed the kept forward camera frames of ``slots`` (``view_embeddings``) when the reward
@@ -428,7 +485,8 @@ class Labeller:
     def embeds_in_service(self) -> bool:
         """Whether BEV embeddings go to the reward service's worker: it hosts BEV-CLIP, so other
         encoders embed inline (the reward's own models may still run in a worker of theirs)."""
-        return self.reward_service is not None and not self.service_dead and not self.custom_encoder
+        return (self.reward_service is not None and not self.service_dead and not self.custom_encoder
+                and not self.custom_bev_clip)
 
     def service(self):
         """The reward service (a separate process embedding BEV frames in micro-batches; started
@@ -536,7 +594,7 @@ class Labeller:
         if needs_obs_embedding(reward_fn):
             self.rollout_obs_embeddings = np.zeros((n_steps, n_envs, dim), np.float32)
             if self._carry is None or self._carry[0] is not last_obs:
-                self._carry = (last_obs, self.embed(np.asarray(last_obs["bev"])))
+                self._carry = (last_obs, self._embed_obs(last_obs))
 
     def rollout_step(self, t: int, batch: dict, new_obs, infos: list[dict], dones, step: int) -> None:
         """After VecEnv step ``t``: its embeddings (next observations, observations acted from,
@@ -573,13 +631,22 @@ class Labeller:
         frames = [next_frame(new_obs, infos, dones, i)["bev"] for i in range(n_envs)]
         starts = np.flatnonzero(dones) if current is not None else np.zeros(0, np.int64)
         frames += [new_obs["bev"][i] for i in starts]
-        e = self.embed(np.stack(frames))
+        speed = None
+        if self.tower_reads_speed:  # the step's facts; the reset observations' own measurement
+            speed = np.concatenate([[float(inf["speed_kmh"]) for inf in infos],
+                                    self.obs_speed_kmh(np.asarray(new_obs["ego"])[starts])])
+        e = self.embed(np.stack(frames), speed_kmh=speed)
         if current is None:
             return e[:n_envs], None
         nxt = e[:n_envs].copy()
         nxt[starts] = e[n_envs:]
         self._carry = (new_obs, nxt)
         return e[:n_envs], current
+
+    def _embed_obs(self, obs) -> np.ndarray:
+        """A VecEnv observation's BEVs through the tower (a speed tower reads its ``ego`` speed)."""
+        speed = self.obs_speed_kmh(np.asarray(obs["ego"])) if self.tower_reads_speed else None
+        return self.embed(np.asarray(obs["bev"]), speed_kmh=speed)
 
     def _embed_step_views(self, t: int, infos: list[dict]) -> None:
         """Step ``t``'s forward camera frames into ``rollout_view_embeddings[t]`` (rows of zeros

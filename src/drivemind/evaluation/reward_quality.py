@@ -49,7 +49,8 @@ the step led to (``embedding``, what the agents store) and of the one it was tak
   no signal, < 0.5 = the reward prefers danger. Ties count half (Mann-Whitney).
 - ``spearman``: Spearman rank correlation between the reward and ``safety`` over all rows.
 - ``standstill_wins``: over free-traffic rows driven at the target speed (``speed_band`` 2), the
-  share where a constructed standstill twin (the same frame and embedding, speed 0, no progress
+  share where a constructed standstill twin (the same frame and embedding - for a tower that reads
+  the ego's speed, the frame embedded at speed 0 -, speed 0, no progress
   or route completion, controls at rest, full brake) scores higher than the observed frame (ties
   count half): how often the reward pays for not driving. ``standstill_wins_observed``: the same against observed
   standstill frames in free traffic (all pairs), when the set has both.
@@ -141,6 +142,9 @@ class HeldoutSet:
     embedding: np.ndarray | None = None  # (N, D) of the observation the step led to
     obs_embedding: np.ndarray | None = None  # (N, D) of the observation the action was taken in
     meta: dict = field(default_factory=dict)
+    # (N, D), towers that read the ego's speed only: ``embedding``'s frame embedded at speed 0 (the
+    # constructed standstill twin's embedding); None: the twin keeps the row's embedding
+    standstill_embedding: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.done)
@@ -233,16 +237,20 @@ def _drive(env, driver: str, steps: int, rng: np.random.Generator):
             mode, left, held = "expert", 0, None
 
 
-def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> HeldoutSet:
+def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None,
+            embed_speed: bool = False) -> HeldoutSet:
     """Drive and label the held-out set (module docstring). ``embed(bev uint8 (N, C, H, W)) ->
     (N, D)``: the image tower whose embeddings the rewards read (None: no embeddings).
+    ``embed_speed``: ``embed`` also takes ``speed_kmh=`` (a BEV-CLIP speed tower): the ego's
+    measured speed of each frame (the step's ``speed_kmh`` fact for the observation it led to; the
+    observation's own ``ego`` speed measurement for the one it was taken in).
     Deterministic for a config."""
     from ..envs import DriveEnv
     from ..vlm.captions import caption
 
     facts = {k: [] for k in FACT_KEYS}
     labels = {k: [] for k in LABEL_KEYS}
-    actions, dones, episodes, source, caps, emb, oemb = [], [], [], [], [], [], []
+    actions, dones, episodes, source, caps, emb, oemb, semb = [], [], [], [], [], [], [], []
     counts = {"steps": 0, "episodes": 0, "collisions": 0, "dropped_tail": 0, "route_errors": 0}
     ep_index = 0
     combos = [(t, d, dr) for t in cfg.towns for d in cfg.densities for dr in cfg.drivers]
@@ -250,6 +258,7 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> 
         kw = {"map_path": cfg.map_path} if cfg.map_path else {}
         env = DriveEnv(town, density, bev=cfg.bev, **kw)
         dt = env.sim_cfg.dt
+        obs_kmh = 3.6 * env.cfg.speed_scale  # obs["ego"][0] is speed / speed_scale (m/s)
         rng = np.random.default_rng([cfg.seed, k])
         episode: list = []
 
@@ -282,8 +291,17 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> 
                 source.extend([f"{town}/{density}/{driver}"] * len(rows))
                 caps.extend(caption(infos[i]) for i in rows)
                 if embed is not None:
-                    emb.append(np.asarray(embed(np.stack([episode[i][2] for i in rows])), np.float32))
-                    oemb.append(np.asarray(embed(np.stack([episode[i][0] for i in rows])), np.float32))
+                    kw_next, kw_obs = {}, {}
+                    if embed_speed:
+                        kw_next = {"speed_kmh": np.array([infos[i]["speed_kmh"] for i in rows])}
+                        kw_obs = {"speed_kmh": np.array([episode[i][4] for i in rows])}
+                    emb.append(np.asarray(embed(np.stack([episode[i][2] for i in rows]), **kw_next),
+                                          np.float32))
+                    oemb.append(np.asarray(embed(np.stack([episode[i][0] for i in rows]), **kw_obs),
+                                           np.float32))
+                    if embed_speed:  # the standstill twin's frame: the same BEV at speed 0
+                        semb.append(np.asarray(embed(np.stack([episode[i][2] for i in rows]),
+                                                     speed_kmh=np.zeros(len(rows))), np.float32))
             counts["episodes"] += 1
             counts["collisions"] += int(np.isfinite(lab["time_to_collision_s"]).any())
             ep_index += 1
@@ -294,7 +312,7 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> 
                 counts["route_errors"] += 1
                 flush(False)
                 continue
-            episode.append((prev["bev"], a, obs["bev"], info))
+            episode.append((prev["bev"], a, obs["bev"], info, float(prev["ego"][0]) * obs_kmh))
             counts["steps"] += 1
             if progress is not None:
                 progress.update(1)
@@ -311,6 +329,7 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None) -> 
         done=cat(dones, bool), episode=cat(episodes, np.int64), source=source, captions=caps,
         embedding=np.concatenate(emb) if emb else None,
         obs_embedding=np.concatenate(oemb) if oemb else None,
+        standstill_embedding=np.concatenate(semb) if semb else None,
         meta={**counts, "towns": list(cfg.towns), "densities": list(cfg.densities),
               "drivers": list(cfg.drivers), "seed": cfg.seed, "bev": cfg.bev})
 
@@ -343,9 +362,12 @@ STANDSTILL = {"speed_kmh": 0.0, "progress": 0.0, "route_completion": 0.0, "throt
               "steer": 0.0}
 
 
-def standstill_twin(batch: dict) -> dict:
-    """The batch with every row made a standstill (module docstring); embeddings unchanged."""
+def standstill_twin(batch: dict, embedding=None) -> dict:
+    """The batch with every row made a standstill (module docstring); embeddings unchanged, or
+    ``embedding`` (the frames embedded at speed 0, for a tower that reads the ego's speed)."""
     out = {k: np.array(v, copy=True) for k, v in batch.items()}
+    if embedding is not None and "embedding" in out:
+        out["embedding"] = np.array(embedding, np.float32, copy=True)
     for k, v in STANDSTILL.items():
         if k in out:
             out[k][:] = v
@@ -393,7 +415,8 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
         for key, v in parts.items():
             terms.setdefault(key, np.full(n, np.nan))[score_rows] = v
         vals[score_rows] = np.sum(np.stack(list(parts.values())), axis=0)
-        twins[score_rows] = r(standstill_twin(sub))
+        still = None if data.standstill_embedding is None else data.standstill_embedding[score_rows]
+        twins[score_rows] = r(standstill_twin(sub, still))
         stats = {k: float(v) for k, v in (r.stats() or {}).items()
                  if isinstance(v, (int, float, np.number))}
         r.close()

@@ -30,7 +30,24 @@ from .text import TEXT_DIM
 FORMAT = "drivemind.bev_clip"
 VERSION = 1
 DEFAULT_NAME = "bev_clip_cpu.pt"  # the 15 x 96 x 96 ``cpu`` preset's checkpoint (shipped)
+SPEED_NAME = "bev_clip_cpu_speed.pt"  # the opt-in tower that also reads the ego's speed (shipped)
 TRAIN_CMD = "python scripts/train_bev_clip.py"
+SPEED_MAX_KMH = 120.0  # speeds are clipped here before the Fourier features
+SPEED_FREQS = 6  # sin / cos of 2^k * pi * v / SPEED_MAX_KMH for k < SPEED_FREQS
+
+
+def speed_features(speed_kmh) -> torch.Tensor:
+    """The ego's measured speed (km/h, (N,)) -> (N, 2 + 2 * SPEED_FREQS) float features: v / vmax,
+    log1p(v) / log1p(vmax) and sin / cos of 2^k pi v / vmax (v clipped to [0, SPEED_MAX_KMH]).
+    Non-finite speeds raise a ValueError."""
+    v = torch.as_tensor(np.asarray(speed_kmh, np.float32)).reshape(-1)
+    if not torch.isfinite(v).all():
+        raise ValueError(f"speed_kmh must be finite, got {v[~torch.isfinite(v)][:4].tolist()}")
+    v = v.clamp(0.0, SPEED_MAX_KMH)
+    x = v / SPEED_MAX_KMH
+    ang = x[:, None] * (math.pi * 2.0 ** torch.arange(SPEED_FREQS, dtype=torch.float32))[None]
+    return torch.cat([x[:, None], (torch.log1p(v) / math.log1p(SPEED_MAX_KMH))[:, None],
+                      torch.sin(ang), torch.cos(ang)], 1)
 
 
 def _norm_shape(bev_shape) -> tuple[int, int, int]:
@@ -53,15 +70,19 @@ def _preset_for(shape: tuple[int, int, int]) -> str | None:
     return None
 
 
-def weights_name(bev_shape=None) -> str:
+def weights_name(bev_shape=None, speed: bool = False) -> str:
     """Checkpoint file name for a BEV shape (C, H, W): ``bev_clip_<preset>.pt`` when the shape is a
     preset's (``cpu`` 15x96x96, ``roach`` 15x192x192, ``paper`` 15x224x224), else
-    ``bev_clip_<C>x<H>x<W>.pt``. ``None``: the default ``bev_clip_cpu.pt``."""
+    ``bev_clip_<C>x<H>x<W>.pt``. ``None``: the default ``bev_clip_cpu.pt``. ``speed``: the name of
+    the opt-in tower that also reads the ego's speed (``..._speed.pt``, e.g.
+    ``bev_clip_cpu_speed.pt``); no default ever loads it."""
     if bev_shape is None:
-        return DEFAULT_NAME
-    shape = _norm_shape(bev_shape)
-    preset = _preset_for(shape)
-    return f"bev_clip_{preset}.pt" if preset else "bev_clip_{}x{}x{}.pt".format(*shape)
+        name = DEFAULT_NAME
+    else:
+        shape = _norm_shape(bev_shape)
+        preset = _preset_for(shape)
+        name = f"bev_clip_{preset}.pt" if preset else "bev_clip_{}x{}x{}.pt".format(*shape)
+    return name[:-3] + "_speed.pt" if speed else name
 
 
 def train_command(bev_shape=None) -> str:
@@ -97,9 +118,10 @@ def _train_note(bev_shape) -> str:
     return f" (--bev {h} is Roach's 38.4 m view at {h} px{planes}; it must match your env's BEV)"
 
 
-def default_weights_path(bev_shape=None) -> Path:
-    """Where the training script writes the checkpoint for ``bev_shape`` by default."""
-    return cache_dir() / weights_name(bev_shape)
+def default_weights_path(bev_shape=None, speed: bool = False) -> Path:
+    """Where the training script writes the checkpoint for ``bev_shape`` by default (``speed``:
+    the speed tower's, ``--speed-input``)."""
+    return cache_dir() / weights_name(bev_shape, speed=speed)
 
 
 PACKAGE_WEIGHTS = Path(__file__).resolve().parent / "weights"  # the shipped checkpoints
@@ -137,7 +159,8 @@ def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
     raise FileNotFoundError(
         f"BEV-CLIP weights {p.name!r}{what} not found; looked at: "
         f"{', '.join(str(t) for t in tried)} (checkpoints there: {', '.join(have) or 'none'}). "
-        f"Train them once with `{train_command(bev_shape)}`{_train_note(bev_shape)} (writes "
+        f"Train them once with `{train_command(bev_shape)}"
+        f"{' --speed-input' if p.name.endswith('_speed.pt') else ''}`{_train_note(bev_shape)} (writes "
         f"{out}; CPU minutes), "
         f"or pass the path of an existing checkpoint.")
 
@@ -154,7 +177,7 @@ class BevClip(nn.Module):
 
     def __init__(self, in_channels: int = 15, size: int = 96, dim: int = TEXT_DIM,
                  width: int = 32, hidden: int = 256, channel_names=None,
-                 stem_stride: int | None = None):
+                 stem_stride: int | None = None, speed_input: bool = False):
         super().__init__()
         stride = default_stem_stride(size) if stem_stride is None else int(stem_stride)
         if stride < 1:
@@ -162,7 +185,7 @@ class BevClip(nn.Module):
         self.config = dict(in_channels=int(in_channels), size=int(size), dim=int(dim),
                            width=int(width), hidden=int(hidden),
                            channel_names=list(channel_names) if channel_names else None,
-                           stem_stride=stride)
+                           stem_stride=stride, speed_input=bool(speed_input))
         w = int(width)
         k = max(5, stride + 1)  # the stem kernel always overlaps its neighbours (5x5 at stride 2, 4)
         self.features = nn.Sequential(
@@ -174,7 +197,16 @@ class BevClip(nn.Module):
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * w * 16, hidden), nn.ReLU(inplace=True),
                                   nn.Linear(hidden, dim))
+        if speed_input:  # the ego's speed (a measurement, as Roach's) added to the hidden layer
+            nf = 2 + 2 * SPEED_FREQS
+            self.speed = nn.Sequential(nn.Linear(nf, 64), nn.ReLU(inplace=True), nn.Linear(64, hidden))
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
+
+    @property
+    def reads_speed(self) -> bool:
+        """Whether this tower reads the ego's measured speed beside the BEV (``speed_input``):
+        ``embed`` / ``forward`` then need ``speed_kmh``."""
+        return bool(self.config.get("speed_input"))
 
     @property
     def bev_shape(self) -> tuple[int, int, int]:
@@ -185,10 +217,37 @@ class BevClip(nn.Module):
     def dim(self) -> int:
         return self.config["dim"]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _need_speed(self, speed_kmh, n: int):
+        """``speed_kmh`` checked against this tower: (N,) for a speed tower (one clear error when
+        missing or of another length), None for an image-only one (a speed given is refused)."""
+        if not self.reads_speed:
+            if speed_kmh is not None:
+                raise ValueError("this BEV-CLIP tower reads the BEV only (speed_input=False) and was "
+                                 "given speed_kmh; load a speed tower (e.g. "
+                                 f"{SPEED_NAME!r}) or leave speed_kmh out")
+            return None
+        if speed_kmh is None:
+            path = getattr(self, "path", None)
+            raise ValueError(f"this BEV-CLIP tower{f' ({path.name})' if path else ''} reads the "
+                             f"ego's measured speed beside the BEV (speed_input=True): call "
+                             f"embed(bev, speed_kmh=...) with one speed in km/h per frame (the "
+                             f"step's 'speed_kmh' fact), or use the image-only {DEFAULT_NAME!r}")
+        v = np.asarray(speed_kmh, np.float32).reshape(-1)
+        if len(v) != n:
+            raise ValueError(f"{n} BEV frame(s) but {len(v)} speed(s): give one speed_kmh per frame")
+        return v
+
+    def forward(self, x: torch.Tensor, speed_kmh=None) -> torch.Tensor:
+        """BEV masks (uint8 or float in [0, 1]) -> unit embeddings; a speed tower needs
+        ``speed_kmh`` (N,) in km/h."""
         if x.dtype == torch.uint8:
             x = x.float() / 255.0
-        return F.normalize(self.head(self.features(x)), dim=-1)
+        v = self._need_speed(speed_kmh, len(x))
+        if v is None:
+            return F.normalize(self.head(self.features(x)), dim=-1)
+        flat, lin1, act, lin2 = self.head
+        h = lin1(flat(self.features(x))) + self.speed(speed_features(v).to(x.device))
+        return F.normalize(lin2(act(h)), dim=-1)
 
     def _check_shape(self, shape) -> None:
         if tuple(shape) != self.bev_shape:
@@ -196,21 +255,25 @@ class BevClip(nn.Module):
                              f"{self.bev_shape} (C, H, W); use the BEV preset it was trained on "
                              f"or train one for it with `{train_command(shape)}`")
 
-    def embed(self, bev, batch_size: int = 256) -> np.ndarray:
-        """uint8 BEV masks (N, C, H, W) or (C, H, W) -> (N, dim) float32 unit rows."""
+    def embed(self, bev, batch_size: int = 256, speed_kmh=None) -> np.ndarray:
+        """uint8 BEV masks (N, C, H, W) or (C, H, W) -> (N, dim) float32 unit rows. A speed tower
+        (``reads_speed``) also needs ``speed_kmh``: the ego's measured speed in km/h, one per
+        frame (a scalar for one frame); without it one ValueError says so."""
         arr = np.asarray(bev)
         if arr.ndim == 3:
             arr = arr[None]
         if arr.ndim != 4:
             raise ValueError(f"expected BEV masks of shape (N, C, H, W), got {arr.shape}")
         self._check_shape(arr.shape[1:])
+        speed = self._need_speed(speed_kmh, len(arr))
         was = self.training
         self.eval()
         dev = next(self.parameters()).device
         out = []
         with torch.no_grad():
             for i in range(0, len(arr), batch_size):
-                out.append(self(torch.as_tensor(arr[i:i + batch_size]).to(dev)).cpu().numpy())
+                sp = None if speed is None else speed[i:i + batch_size]
+                out.append(self(torch.as_tensor(arr[i:i + batch_size]).to(dev), sp).cpu().numpy())
         self.train(was)
         if not out:
             return np.zeros((0, self.dim), np.float32)
@@ -246,6 +309,7 @@ class BevClip(nn.Module):
                              f"reads version {VERSION}; retrain with `{train_command(bev_shape)}`")
         cfg = dict(ck["config"])
         cfg.setdefault("stem_stride", 2)  # checkpoints written before the option had a stride-2 stem
+        cfg.setdefault("speed_input", False)  # and no speed input
         model = cls(**cfg)
         model.load_state_dict(ck["state_dict"])
         model.meta = ck.get("meta", {})
@@ -278,9 +342,10 @@ def clip_loss(img: torch.Tensor, txt: torch.Tensor, ids: torch.Tensor,
 def train_bev_clip(frames, captions, text_encoder, *, model: BevClip | None = None,
                    epochs: int = 10, batch_size: int = 128, lr: float = 1e-3,
                    weight_decay: float = 1e-4, seed: int = 0, progress: bool = False,
-                   channel_names=None, log=None) -> BevClip:
+                   channel_names=None, log=None, speed_kmh=None) -> BevClip:
     """Fit a BevClip on uint8 frames (N, C, H, W) and their captions (N strings). The text
-    tower stays frozen: each distinct caption is embedded once."""
+    tower stays frozen: each distinct caption is embedded once. ``speed_kmh`` (N,): the frames'
+    ego speeds, for a speed tower (built with ``speed_input=True`` when ``model`` is None)."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.dtype != np.uint8:
         raise ValueError(f"frames must be uint8 (N, C, H, W), got {frames.dtype} {frames.shape}")
@@ -292,8 +357,12 @@ def train_bev_clip(frames, captions, text_encoder, *, model: BevClip | None = No
     if h != w:
         raise ValueError(f"BEV frames must be square, got {h}x{w}")
     if model is None:
-        model = BevClip(in_channels=c, size=h, channel_names=channel_names)
+        model = BevClip(in_channels=c, size=h, channel_names=channel_names,
+                        speed_input=speed_kmh is not None)
     model._check_shape(frames.shape[1:])
+    if speed_kmh is not None:
+        speed_kmh = np.asarray(speed_kmh, np.float32).reshape(-1)
+    model._need_speed(speed_kmh, n)  # a speed tower without speeds (or the reverse) fails here
     uniq, ids = _caption_ids(list(captions))
     text = torch.as_tensor(text_encoder.encode(uniq))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -312,7 +381,8 @@ def train_bev_clip(frames, captions, text_encoder, *, model: BevClip | None = No
             b = order[i * batch_size:(i + 1) * batch_size]
             x = torch.as_tensor(frames[b])
             bid = torch.as_tensor(ids[b])
-            loss = clip_loss(model(x), text[bid], bid, model.logit_scale)
+            sp = None if speed_kmh is None else speed_kmh[b]
+            loss = clip_loss(model(x, sp), text[bid], bid, model.logit_scale)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -329,11 +399,13 @@ def train_bev_clip(frames, captions, text_encoder, *, model: BevClip | None = No
 
 
 def retrieval_accuracy(model: BevClip, frames, captions, text_encoder,
-                       image_embeddings: np.ndarray | None = None) -> dict:
+                       image_embeddings: np.ndarray | None = None, speed_kmh=None) -> dict:
     """Image-to-text top-1 over the distinct captions of this (held-out) set. ``chance`` is
-    1 / distinct captions; ``majority`` is the accuracy of always answering the most common one."""
+    1 / distinct captions; ``majority`` is the accuracy of always answering the most common one.
+    ``speed_kmh``: the frames' ego speeds, for a speed tower."""
     uniq, ids = _caption_ids(list(captions))
-    img = model.embed(frames) if image_embeddings is None else np.asarray(image_embeddings)
+    img = (model.embed(frames, speed_kmh=speed_kmh) if image_embeddings is None
+           else np.asarray(image_embeddings))
     txt = text_encoder.encode(uniq)
     pred = (img @ txt.T).argmax(1) if len(uniq) else np.zeros(0, np.int64)
     counts = np.bincount(ids, minlength=len(uniq))

@@ -128,10 +128,12 @@ def _batch_loss(model: BevClip, x: torch.Tensor, b: np.ndarray, t: _Texts, targe
 def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: int = 6,
                 batch_size: int = 128, lr: float = 2e-3, weight_decay: float = 1e-4, seed: int = 0,
                 danger_repeat: int = 4, channel_names=None, weights: dict | None = None, progress: bool = False,
-                log=None) -> BevClip:
+                log=None, speed_kmh=None) -> BevClip:
     """Fit a BevClip on uint8 frames (N, C, H, W) and their ``targets``
     (:func:`drivemind.vlm.supervision.frame_targets`) with the losses of the module docstring.
     Danger frames (polarity -1) appear ``danger_repeat`` times per epoch (they are few).
+    ``speed_kmh`` (N,): the ego's measured speed of each frame; given, the tower is a speed tower
+    (``BevClip(speed_input=True)``: the speed fused into its hidden layer), else image-only.
     Deterministic for a seed (one torch thread)."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.dtype != np.uint8:
@@ -141,10 +143,15 @@ def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: in
         raise ValueError(f"{n} frames but {len(targets['scene'])} targets")
     if h != w:
         raise ValueError(f"BEV frames must be square, got {h}x{w}")
+    if speed_kmh is not None:
+        speed_kmh = np.asarray(speed_kmh, np.float32).reshape(-1)
+        if len(speed_kmh) != n:
+            raise ValueError(f"{n} frames but {len(speed_kmh)} speeds")
     weights = {**LOSS_WEIGHTS, **(weights or {})}
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    model = BevClip(in_channels=c, size=h, channel_names=channel_names)
+    model = BevClip(in_channels=c, size=h, channel_names=channel_names,
+                    speed_input=speed_kmh is not None)
     texts = _Texts(targets, safe, danger, text_encoder)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     pool = np.concatenate([np.arange(n)] + [np.flatnonzero(np.asarray(targets["polarity"]) < 0)]
@@ -162,7 +169,7 @@ def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: in
         sums: dict = {}
         for i in range(steps):
             b = np.sort(order[i * batch_size:(i + 1) * batch_size])
-            x = model(torch.as_tensor(frames[b]))
+            x = model(torch.as_tensor(frames[b]), None if speed_kmh is None else speed_kmh[b])
             loss, parts = _batch_loss(model, x, b, texts, targets, rng, weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -186,16 +193,18 @@ def _auroc(score, positive) -> float:
 
 
 def evaluate(model: BevClip | None, frames, targets: dict, canonical, text_encoder, *,
-             image_embeddings=None, tau: float = 100.0,
+             image_embeddings=None, tau: float = 100.0, speed_kmh=None,
              pairs=(("no collisions occur", "the car is about to crash"),
                     ("The road is clear with no car accidents",
                      "Two cars have collided with each other on the road"))) -> dict:
     """Held-out measures (module docstring) of a model on frames with ``targets`` and their
     canonical captions. ``pairs``: (safe, danger) prompts whose AUROC is reported, danger frames
-    against safe ones (score cos(danger) - cos(safe))."""
+    against safe ones (score cos(danger) - cos(safe)). ``speed_kmh``: the frames' ego speeds,
+    for a speed tower."""
     from .bev_clip import retrieval_accuracy
 
-    img = model.embed(frames) if image_embeddings is None else np.asarray(image_embeddings)
+    img = (model.embed(frames, speed_kmh=speed_kmh) if image_embeddings is None
+           else np.asarray(image_embeddings))
     out = {"retrieval": retrieval_accuracy(None, None, list(canonical), text_encoder,
                                            image_embeddings=img)}
     y = np.asarray(targets["polarity"])
