@@ -661,6 +661,15 @@ def bench_learn(args) -> dict:
             "seeds": seeds, **mean, "per_seed": rows, "curve": str(curve), **machine()}
 
 
+def driving_score_approx(records) -> float:
+    """A Bench2Drive-style driving score: per route, the fraction of the route progressed times
+    0.6 per collision (the leaderboard's vehicle-collision factor; the records hold neither the
+    collision's kind nor red lights run, so those factors are missing), averaged over routes."""
+    if not records:
+        raise ValueError("driving_score_approx needs at least one episode record")
+    return round(float(np.mean([float(r.completion) * 0.6 ** int(r.collisions) for r in records])), 4)
+
+
 def bench_minddrive(args) -> dict:
     """MindDrive's learning check: SFT of both experts on the autopilot, then PPO in language
     space for ``--ppo-steps`` env steps (or until ``--minutes`` of the whole run, SFT included);
@@ -703,10 +712,12 @@ def bench_minddrive(args) -> dict:
     print(json.dumps(out), file=sys.stderr, flush=True)
     for name, ckpt in (("sft", summary["sft_reference"]), ("ppo", "latest")):
         t = time.perf_counter()
-        m = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
-                         max_steps_per_route=args.max_steps, progress=False,
-                         out_dir=run_dir / "eval" / name)["metrics"]
+        res = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
+                           max_steps_per_route=args.max_steps, progress=False,
+                           out_dir=run_dir / "eval" / name)
+        m = res["metrics"]
         out.update({f"{name}_route_completion": m["RC"], f"{name}_route_progress": m["completion"],
+                    f"{name}_driving_score": driving_score_approx(res["records"]),
                     f"{name}_success_rate": m["SR"], f"{name}_collision_rate": m["CR"],
                     f"{name}_mean_speed_kmh": m["AS"], f"{name}_eval_s": round(time.perf_counter() - t, 1)})
         print(json.dumps({k: v for k, v in out.items() if k.startswith(name)}), file=sys.stderr, flush=True)

@@ -388,3 +388,22 @@ def test_train_and_eval_scripts_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["episodes"] == 1 and m["steps"] <= 40 and m["distance_km"] > 0
+
+
+def test_bench_driving_score_is_progress_times_collision_factor():
+    """bench.py minddrive's Bench2Drive-style score: route progress x 0.6 per collision, averaged."""
+    from script_loader import load_script
+
+    from drivemind.evaluation.metrics import EpisodeRecord
+
+    bench = load_script("bench")
+
+    def rec(completion, collisions):
+        return EpisodeRecord(route_index=0, steps=10, distance_m=1.0, duration_s=1.0, mean_speed_kmh=1.0,
+                             arrived=completion == 1.0, completion=completion, routes_completed=0.0,
+                             collisions=collisions)
+
+    assert bench.driving_score_approx([rec(1.0, 0), rec(0.5, 1)]) == pytest.approx((1.0 + 0.3) / 2)
+    assert bench.driving_score_approx([rec(0.8, 2)]) == pytest.approx(0.8 * 0.36)
+    with pytest.raises(ValueError, match="at least one"):
+        bench.driving_score_approx([])
