@@ -684,16 +684,40 @@ def bench_minddrive(args) -> dict:
     from drivemind.training import train as train_run
     from drivemind.training.evaluate import evaluate_run
 
+    import yaml
+
+    from drivemind.agents.minddrive import MindDriveAgent, MindDriveConfig
+
     root = Path(__file__).resolve().parents[1]
-    run_dir = Path(args.out) / f"minddrive-{args.town}-{args.density}-s{args.seed}-{time.strftime('%H%M%S')}"
-    minutes = args.minutes if args.minutes and args.minutes > 0 else "null"
-    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
-            "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
-            f"max_minutes={minutes}", f"algo.sft_steps={args.sft_steps}",
-            f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
-    summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    if args.run_dir:  # evaluate a finished run again (e.g. with --agent-set)
+        run_dir = Path(args.run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        run_dir = Path(args.out) / f"minddrive-{args.town}-{args.density}-s{args.seed}-{time.strftime('%H%M%S')}"
+        minutes = args.minutes if args.minutes and args.minutes > 0 else "null"
+        with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
+                "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
+                f"max_minutes={minutes}", f"algo.sft_steps={args.sft_steps}",
+                f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
+        summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    agent_set = {}
+    for item in args.agent_set:  # decision options applied to both checkpoints at evaluation
+        key, sep, val = item.partition("=")
+        if not sep or key not in MindDriveConfig.__dataclass_fields__:
+            raise SystemExit(f"--agent-set wants KEY=VALUE with KEY one of "
+                             f"{sorted(MindDriveConfig.__dataclass_fields__)}; got {item!r}")
+        agent_set[key] = yaml.safe_load(val)
+    if agent_set:
+        load = MindDriveAgent.load.__func__
+
+        def load_with(cls, path, *a, **kw):
+            agent = load(cls, path, *a, **kw)
+            for k, v in agent_set.items():
+                setattr(agent.cfg, k, v)
+            return agent
+        MindDriveAgent.load = classmethod(load_with)
     routes = [int(r) for r in args.routes.split(",")] if args.routes else None
     ppo = summary.get("ppo") or {}
     progress = run_dir / "logs" / "progress.csv"
@@ -708,13 +732,13 @@ def bench_minddrive(args) -> dict:
            "ppo_penalties": sum(int(r["penalties"]) for r in rows),
            "kl_ref_last": float(rows[-1]["kl_ref"]) if rows else None,
            "train_wall_s": summary["wall_s"], "status": summary["status"], "routes": routes,
-           "max_steps_per_route": args.max_steps}
+           "max_steps_per_route": args.max_steps, "agent_set": agent_set}
     print(json.dumps(out), file=sys.stderr, flush=True)
     for name, ckpt in (("sft", summary["sft_reference"]), ("ppo", "latest")):
         t = time.perf_counter()
         res = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
                            max_steps_per_route=args.max_steps, progress=False,
-                           out_dir=run_dir / "eval" / name)
+                           out_dir=run_dir / "eval" / (name + "".join(f"-{k}-{v}" for k, v in agent_set.items())))
         m = res["metrics"]
         out.update({f"{name}_route_completion": m["RC"], f"{name}_route_progress": m["completion"],
                     f"{name}_driving_score": driving_score_approx(res["records"]),
@@ -1061,6 +1085,10 @@ def main(argv=None):
     p.add_argument("--routes", default=None, help="comma-separated fixed-route indices (default all)")
     p.add_argument("--max-steps", type=int, default=3000, help="step limit per evaluation route")
     p.add_argument("--out", default="outputs/bench")
+    p.add_argument("--run-dir", default=None, help="evaluate this finished run instead of training")
+    p.add_argument("--agent-set", action="append", default=[],
+                   help="KEY=VALUE: a decision option set on both checkpoints for evaluation, "
+                        "e.g. mask_infeasible=true (repeatable)")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.n_decisions=32")
     p = sub.add_parser("side-by-side", help="fast-path training steps/s alone, two runs at once, n_envs=2")
     p.add_argument("--seconds", type=float, default=240.0, help="wall time of each training run")

@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from drivemind.agents.minddrive import (  # noqa: E402
     COMMAND_PATH, META_ACTIONS, LMConfig, MindDriveAgent, MindDriveConfig, derive_meta_action,
-    SPEED_ACTIONS, event_reward, gae, grounded_set_point, kl_ref_policy, load_lm, ppo_clip_loss,
+    SPEED_ACTIONS, event_reward, feasible_mask, gae, grounded_set_point, kl_ref_policy, load_lm, ppo_clip_loss,
     scene_prompt, speed_band, speed_class, track)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,6 +78,41 @@ def test_grounded_set_point_means_its_meta_action(v0, h):
                 assert got in ("speed up", "slow down", "slow down rapidly"), (speed, v1, got)
     with pytest.raises(ValueError, match="valid: speed up"):
         speed_band("hover", 3.0, 1.0)
+
+
+def test_feasible_meta_actions_follow_the_labelling():
+    """mask_infeasible allows only the speed classes the SFT labelling can produce at the current
+    speed: at rest stop and speed up (slow down would mean standing), and no stop at speed."""
+    def allowed(v):
+        m = feasible_mask(v, 1.0)
+        return {a.split(" , ")[0] for a, ok in zip(META_ACTIONS, m) if ok}
+    assert allowed(0.0) == {"stop", "speed up"}
+    assert allowed(5.0) == {"speed up", "slow down", "slow down rapidly", "maintain moderate"}
+    assert allowed(8.0) == {"speed up", "slow down", "slow down rapidly", "maintain fast"}
+    assert feasible_mask(0.0, 1.0).sum() == 2 * len(COMMAND_PATH)  # every path with each
+
+
+def test_masked_decision_never_picks_an_infeasible_meta_action(agent):
+    at_rest = {**FACTS, "speed_kmh": 0.0}
+    prompt = scene_prompt(at_rest)
+    mask = feasible_mask(0.0, 1.0)
+    with th.no_grad():
+        free = agent.lm.decide([prompt])[0][0].exp().numpy()
+        allowed = np.ones(len(META_ACTIONS), bool)
+        allowed[int(np.argmax(free))] = False  # forbid the most likely one
+        masked = agent.lm.decide([prompt], allowed=allowed[None])[0][0].exp().numpy()
+    assert masked[~allowed].max() == 0.0 and int(np.argmax(masked)) != int(np.argmax(free))
+    np.testing.assert_allclose(masked.sum(), 1.0, atol=1e-5)
+    np.testing.assert_allclose(masked[allowed], free[allowed] / free[allowed].sum(), rtol=1e-3)
+    cfg = MindDriveConfig.from_dict({"model": {"lora_rank": 4}, "mask_infeasible": True})
+    old = agent.cfg
+    try:
+        agent.cfg = cfg
+        k, p, _, v = agent.decide(at_rest)
+    finally:
+        agent.cfg = old
+    assert mask[k]
+    assert v == 0.0 if META_ACTIONS[k].startswith("stop") else v >= 0.5  # stop stands, speed up moves
 
 
 def test_path_from_route_command_and_bad_command():

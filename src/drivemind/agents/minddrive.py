@@ -112,6 +112,18 @@ def grounded_set_point(v_target: float, meta: str, v_now: float, horizon: float)
     return float(min(max(float(v_target), lo), hi))
 
 
+def feasible_mask(v_now: float, horizon: float) -> np.ndarray:
+    """Which of ``META_ACTIONS`` the SFT labelling can produce at speed ``v_now``: a speed class
+    whose grounded set-point (:func:`speed_band`) :func:`speed_class` calls by that class (at
+    rest: only ``stop`` and ``speed up``; ``slow down`` needs speed to lose)."""
+    ok = {}
+    for speed in SPEED_ACTIONS:
+        lo, hi = speed_band(speed, v_now, horizon)
+        v1 = lo if math.isinf(hi) else 0.5 * (lo + hi)
+        ok[speed] = speed_class(v_now, v1, horizon) == speed
+    return np.array([ok[m.split(" , ")[0]] for m in META_ACTIONS], bool)
+
+
 def path_class(command: float) -> str:
     c = int(round(command))
     if c not in COMMAND_PATH:
@@ -291,7 +303,7 @@ class MindDriveLM(nn.Module):
         out = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         return out.logits, out.hidden_states[-1], ids
 
-    def decide(self, prompts: list[str], adapter: str = "decision"):
+    def decide(self, prompts: list[str], adapter: str = "decision", allowed=None):
         """(log-probabilities over ``META_ACTIONS`` (B x M), values (B)). Each candidate's score is
         the sum of the LM's log-likelihoods of its tokens after the prompt; the distribution is
         the softmax of the scores over the fixed set.
@@ -299,7 +311,8 @@ class MindDriveLM(nn.Module):
         The prompt is run once and its key/value cache is shared by the M candidates (each prompt
         row repeated M times), so a batch costs B prompt passes plus B x M passes over the few
         candidate tokens, not B x M passes over prompt + candidate (the same numbers:
-        tests/test_minddrive.py checks them against the full sequences)."""
+        tests/test_minddrive.py checks them against the full sequences). ``allowed`` (B x M bool):
+        the meta-actions allowed per prompt; the others get probability 0."""
         m = len(META_ACTIONS)
         b = len(prompts)
         pids = [self.bos + self._ids(p) for p in prompts]
@@ -324,6 +337,8 @@ class MindDriveLM(nn.Module):
             tgt = cand[:, 1:].repeat(b, 1)
             lp = F.log_softmax(out2.logits.float(), -1).gather(2, tgt[..., None]).squeeze(2)
             scores = scores + (lp * cmask[:, 1:].repeat(b, 1)).sum(1).view(b, m)
+        if allowed is not None:  # a large finite negative: 0 * (logp_ref - logp) stays 0 in the KL
+            scores = scores.masked_fill(~th.as_tensor(np.asarray(allowed), dtype=th.bool), -1e9)
         return F.log_softmax(scores, -1), self.value_head(last.float()).squeeze(-1)
 
     def sft_decision_loss(self, prompts: list[str], metas: list[str]):
@@ -479,6 +494,10 @@ class MindDriveConfig:
     # meta-action (``maintain slow`` at 7 m/s, ``stop`` at 6 m/s), so the decisions PPO changes
     # would barely change the driving. false: the action expert's raw output
     ground_set_point: bool = True
+    # decide only among the meta-actions the SFT labelling can produce at the current speed
+    # (feasible_mask; e.g. at rest only stop / speed up): without it the tiny decision expert's
+    # most likely meta-action at 0 km/h was often ``slow down``, which grounded means standing
+    mask_infeasible: bool = False
     max_grad_norm: float = 1.0
 
     @classmethod
@@ -532,10 +551,14 @@ class MindDriveAgent:
     def decide(self, facts: dict, deterministic: bool = True, rng: np.random.Generator | None = None):
         """(meta-action index, its probability, scene prompt, set-point m/s)."""
         prompt = scene_prompt(facts, self.env_meta.get("lead_range", 50.0))
-        logp, _ = self.lm.decide([prompt])
+        logp, _ = self.lm.decide([prompt], allowed=self.mask(facts)[None] if self.cfg.mask_infeasible else None)
         p = logp[0].exp().double().numpy()
         k = int(np.argmax(p)) if deterministic else int((rng or np.random.default_rng()).choice(len(p), p=p / p.sum()))
         return k, float(p[k]), prompt, self.set_point(prompt, k, facts)
+
+    def mask(self, facts: dict) -> np.ndarray:
+        """The meta-actions allowed in this step (:func:`feasible_mask`)."""
+        return feasible_mask(facts["speed_kmh"] / 3.6, self.cfg.action_horizon)
 
     @th.no_grad()
     def set_point(self, prompt: str, k: int, facts: dict) -> float:

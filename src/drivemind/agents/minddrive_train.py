@@ -113,9 +113,11 @@ def add_reference(agent: MindDriveAgent):
 
 # ----------------------------------------------------------------------------- PPO
 @th.no_grad()
-def reference_logp(agent: MindDriveAgent, prompts: list[str], chunk: int = 64) -> np.ndarray:
-    """The frozen SFT reference's log-probabilities over the meta-actions (len x M), batched."""
-    out = [agent.lm.decide(prompts[i:i + chunk], adapter="reference")[0].numpy()
+def reference_logp(agent: MindDriveAgent, prompts: list[str], masks=None, chunk: int = 64) -> np.ndarray:
+    """The frozen SFT reference's log-probabilities over the meta-actions (len x M), batched
+    (``masks``: the allowed meta-actions per prompt, as the policy had them)."""
+    out = [agent.lm.decide(prompts[i:i + chunk], adapter="reference",
+                           allowed=None if masks is None else np.stack(masks[i:i + chunk]))[0].numpy()
            for i in range(0, len(prompts), chunk)]
     return np.concatenate(out, 0)
 
@@ -137,7 +139,9 @@ def ppo_update(agent: MindDriveAgent, opt, roll: dict, cfg: MindDriveConfig, rng
         order = rng.permutation(n)
         for i in range(0, n, cfg.batch_size):
             idx = order[i:i + cfg.batch_size]
-            logp_all, values = lm.decide([roll["prompts"][j] for j in idx])
+            masks = roll.get("masks")
+            logp_all, values = lm.decide([roll["prompts"][j] for j in idx],
+                                         allowed=None if masks is None else np.stack([masks[j] for j in idx]))
             logp = logp_all.gather(1, acts[idx][:, None]).squeeze(1)
             pl = ppo_clip_loss(logp, old[idx], adv[idx], cfg.clip_range)
             vl = th.nn.functional.mse_loss(values, ret[idx])
@@ -248,11 +252,12 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
         next_ckpt = every if every > 0 else None
         stopped = False
         while agent.num_timesteps < total and not stopped:
-            roll = {k: [] for k in ("prompts", "actions", "logp", "values", "rewards", "dones")}
+            roll = {k: [] for k in ("prompts", "masks", "actions", "logp", "values", "rewards", "dones")}
             for _ in range(mcfg.n_decisions):
                 prompt = scene_prompt(info, meta["lead_range"])
+                mask = agent.mask(info) if mcfg.mask_infeasible else np.ones(len(META_ACTIONS), bool)
                 with th.no_grad():
-                    logp, v = agent.lm.decide([prompt])
+                    logp, v = agent.lm.decide([prompt], allowed=mask[None])
                 p = logp[0].exp().double().numpy()
                 k = int(rng.choice(len(p), p=p / p.sum()))
                 vt = agent.set_point(prompt, k, info)
@@ -282,7 +287,7 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
                         acc = EpisodeAccumulator()
                         acc.start(info)
                         break
-                for key, val in (("prompts", prompt), ("actions", k), ("logp", float(logp[0, k])),
+                for key, val in (("prompts", prompt), ("masks", mask), ("actions", k), ("logp", float(logp[0, k])),
                                  ("values", float(v[0])), ("rewards", r), ("dones", done)):
                     roll[key].append(val)
                 n_decisions += 1
@@ -292,7 +297,7 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
             log_f.flush()
             with th.no_grad():
                 _, last_v = agent.lm.decide([scene_prompt(info, meta["lead_range"])])
-                roll["logp_ref"] = reference_logp(agent, roll["prompts"])
+                roll["logp_ref"] = reference_logp(agent, roll["prompts"], roll["masks"])
             adv, ret = gae(roll["rewards"], roll["values"], roll["dones"], float(last_v[0]),
                            mcfg.gamma, mcfg.gae_lambda)
             roll["adv"], roll["ret"] = adv, ret
