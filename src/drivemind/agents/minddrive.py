@@ -497,7 +497,8 @@ class MindDriveConfig:
     # decide only among the meta-actions the SFT labelling can produce at the current speed
     # (feasible_mask; e.g. at rest only stop / speed up): without it the tiny decision expert's
     # most likely meta-action at 0 km/h was often ``slow down``, which grounded means standing
-    mask_infeasible: bool = False
+    # (route completion 0.2 -> 0.7 for the same SFT checkpoint, docs/benchmarks.md)
+    mask_infeasible: bool = True
     max_grad_norm: float = 1.0
 
     @classmethod
