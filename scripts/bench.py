@@ -670,40 +670,91 @@ def bench_learn(args) -> dict:
             "seeds": seeds, **mean, "per_seed": rows, "curve": str(curve), **machine()}
 
 
+def driving_score_approx(records) -> float:
+    """A Bench2Drive-style driving score: per route, the fraction of the route progressed times
+    0.6 per collision (the leaderboard's vehicle-collision factor; the records hold neither the
+    collision's kind nor red lights run, so those factors are missing), averaged over routes."""
+    if not records:
+        raise ValueError("driving_score_approx needs at least one episode record")
+    return round(float(np.mean([float(r.completion) * 0.6 ** int(r.collisions) for r in records])), 4)
+
+
 def bench_minddrive(args) -> dict:
     """MindDrive's learning check: SFT of both experts on the autopilot, then PPO in language
-    space for ``--ppo-steps`` env steps (or ``--minutes``); the SFT reference and the PPO policy
-    are evaluated on the same fixed routes of ``--town``/``--density``."""
+    space for ``--ppo-steps`` env steps (or until ``--minutes`` of the whole run, SFT included);
+    the SFT reference and the PPO policy are evaluated on the same fixed routes of
+    ``--town``/``--density``. Reports the PPO stage's own budget (env steps, decisions, updates,
+    wall time) apart from SFT's, and the last update's ``kl_ref``."""
+    import csv
+
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     from drivemind.training import train as train_run
     from drivemind.training.evaluate import evaluate_run
 
+    import yaml
+
+    from drivemind.agents.minddrive import MindDriveAgent, MindDriveConfig
+
     root = Path(__file__).resolve().parents[1]
-    run_dir = Path(args.out) / f"minddrive-{args.town}-{args.density}-s{args.seed}-{time.strftime('%H%M%S')}"
-    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[
-            "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
-            "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
-            f"max_minutes={args.minutes}", f"algo.sft_steps={args.sft_steps}",
-            f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
-    summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    if args.run_dir:  # evaluate a finished run again (e.g. with --agent-set)
+        run_dir = Path(args.run_dir)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    else:
+        run_dir = Path(args.out) / f"minddrive-{args.town}-{args.density}-s{args.seed}-{time.strftime('%H%M%S')}"
+        minutes = args.minutes if args.minutes and args.minutes > 0 else "null"
+        with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+            cfg = compose("config", overrides=[
+                "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
+                "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
+                f"max_minutes={minutes}", f"algo.sft_steps={args.sft_steps}",
+                f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
+        summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+    agent_set = {}
+    for item in args.agent_set:  # decision options applied to both checkpoints at evaluation
+        key, sep, val = item.partition("=")
+        if not sep or key not in MindDriveConfig.__dataclass_fields__:
+            raise SystemExit(f"--agent-set wants KEY=VALUE with KEY one of "
+                             f"{sorted(MindDriveConfig.__dataclass_fields__)}; got {item!r}")
+        agent_set[key] = yaml.safe_load(val)
+    if agent_set:
+        load = MindDriveAgent.load.__func__
+
+        def load_with(cls, path, *a, **kw):
+            agent = load(cls, path, *a, **kw)
+            for k, v in agent_set.items():
+                setattr(agent.cfg, k, v)
+            return agent
+        MindDriveAgent.load = classmethod(load_with)
     routes = [int(r) for r in args.routes.split(",")] if args.routes else None
-    out = {"run_dir": str(run_dir), "town": args.town, "density": args.density, "seed": args.seed,
-           "sft_samples": summary["sft"]["samples"], "sft_decision_loss": summary["sft"].get("decision_loss"),
-           "sft_action_mse": summary["sft"].get("action_mse"), "ppo_env_steps": summary["steps"],
+    ppo = summary.get("ppo") or {}
+    progress = run_dir / "logs" / "progress.csv"
+    rows = list(csv.DictReader(progress.open())) if progress.exists() else []
+    out = {"what": "minddrive", "run_dir": str(run_dir), "town": args.town, "density": args.density,
+           "seed": args.seed, "sft_samples": summary["sft"]["samples"],
+           "sft_decision_loss": summary["sft"].get("decision_loss"),
+           "sft_action_mse": summary["sft"].get("action_mse"), "sft_wall_s": summary.get("sft_wall_s"),
+           "ppo_env_steps": summary["steps"], "ppo_decisions": ppo.get("decisions"),
+           "ppo_updates": ppo.get("updates"), "ppo_wall_s": ppo.get("wall_s"),
+           "ppo_arrivals": sum(int(r["arrivals"]) for r in rows),
+           "ppo_penalties": sum(int(r["penalties"]) for r in rows),
+           "kl_ref_last": float(rows[-1]["kl_ref"]) if rows else None,
            "train_wall_s": summary["wall_s"], "status": summary["status"], "routes": routes,
-           "max_steps_per_route": args.max_steps}
+           "max_steps_per_route": args.max_steps, "agent_set": agent_set}
+    print(json.dumps(out), file=sys.stderr, flush=True)
     for name, ckpt in (("sft", summary["sft_reference"]), ("ppo", "latest")):
         t = time.perf_counter()
-        m = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
-                         max_steps_per_route=args.max_steps, progress=False,
-                         out_dir=run_dir / "eval" / name)["metrics"]
+        res = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
+                           max_steps_per_route=args.max_steps, progress=False,
+                           out_dir=run_dir / "eval" / (name + "".join(f"-{k}-{v}" for k, v in agent_set.items())))
+        m = res["metrics"]
         out.update({f"{name}_route_completion": m["RC"], f"{name}_route_progress": m["completion"],
+                    f"{name}_driving_score": driving_score_approx(res["records"]),
                     f"{name}_success_rate": m["SR"], f"{name}_collision_rate": m["CR"],
                     f"{name}_mean_speed_kmh": m["AS"], f"{name}_eval_s": round(time.perf_counter() - t, 1)})
-    return out
+        print(json.dumps({k: v for k, v in out.items() if k.startswith(name)}), file=sys.stderr, flush=True)
+    return {**out, **machine()}
 
 
 def _timed_run(root: Path, out: Path, seconds: float, extra: list[str]) -> subprocess.Popen:
@@ -1048,10 +1099,15 @@ def main(argv=None):
     p.add_argument("--sft-steps", type=int, default=3000, help="autopilot env steps for SFT")
     p.add_argument("--sft-epochs", type=int, default=3)
     p.add_argument("--ppo-steps", type=int, default=3000, help="PPO env steps (total_timesteps)")
-    p.add_argument("--minutes", type=float, default=5.0, help="wall-time budget of the run")
+    p.add_argument("--minutes", type=float, default=0.0,
+                   help="wall-time budget of the whole run, SFT included (0: none; PPO stops at --ppo-steps)")
     p.add_argument("--routes", default=None, help="comma-separated fixed-route indices (default all)")
     p.add_argument("--max-steps", type=int, default=3000, help="step limit per evaluation route")
     p.add_argument("--out", default="outputs/bench")
+    p.add_argument("--run-dir", default=None, help="evaluate this finished run instead of training")
+    p.add_argument("--agent-set", action="append", default=[],
+                   help="KEY=VALUE: a decision option set on both checkpoints for evaluation, "
+                        "e.g. mask_infeasible=true (repeatable)")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.n_decisions=32")
     p = sub.add_parser("side-by-side", help="fast-path training steps/s alone, two runs at once, n_envs=2")
     p.add_argument("--seconds", type=float, default=240.0, help="wall time of each training run")

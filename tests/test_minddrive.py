@@ -20,11 +20,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from drivemind.agents.minddrive import (  # noqa: E402
     COMMAND_PATH, META_ACTIONS, LMConfig, MindDriveAgent, MindDriveConfig, derive_meta_action,
-    event_reward, gae, kl_ref_policy, load_lm, ppo_clip_loss, scene_prompt, speed_class, track)
+    SPEED_ACTIONS, event_reward, feasible_mask, gae, grounded_set_point, kl_ref_policy, load_lm, ppo_clip_loss,
+    scene_prompt, speed_band, speed_class, track)
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+SLOW, RAPID, DECEL = 3.0, -2.5, -0.5  # the labelling's thresholds (minddrive.SLOW_BELOW, ...)
 ENV_META = {"wp_scale": 50.0, "lead_range": 50.0, "dt": 0.1, "wheelbase": 2.9,
             "max_steer": math.radians(40), "accel_max": 3.5, "brake_max": 8.0}
 FACTS = {"speed_kmh": 20.0, "command": 4.0, "light_state": 2.0, "light_distance": 14.2,
@@ -44,6 +46,73 @@ def agent():
     (8.0, 8.1, "maintain fast"), (3.0, 0.2, "slow down rapidly")])
 def test_speed_class(v0, v1, want):
     assert speed_class(v0, v1, 1.0) == want
+
+
+@pytest.mark.parametrize("v0", [0.0, 1.0, 2.0, 3.2, 5.0, 6.8, 8.0, 11.0])
+@pytest.mark.parametrize("h", [0.5, 1.0])
+def test_grounded_set_point_means_its_meta_action(v0, h):
+    """Whatever the action expert outputs, the grounded set-point is one the SFT labelling calls
+    by the chosen meta-action's speed class (when a steady speed can mean it at all)."""
+    for speed in SPEED_ACTIONS:
+        lo, hi = speed_band(speed, v0, h)
+        assert 0.0 <= lo <= hi
+        for raw in (-5.0, 0.0, 2.0, 4.0, 6.0, 9.0, 30.0):
+            v1 = grounded_set_point(raw, f"{speed} , lane follow", v0, h)
+            assert lo <= v1 <= hi
+            if lo < raw < hi:
+                assert v1 == raw  # inside the band the action expert's value is kept
+            got = speed_class(v0, v1, h)
+            reachable = {"speed up": True, "stop": True, "slow down rapidly": v0 >= -RAPID * h,
+                         "slow down": v0 >= -DECEL * h, "maintain slow": 0.5 - 0.5 * h < v0 < SLOW + 0.5 * h,
+                         "maintain moderate": SLOW - 0.5 * h < v0 < 6.5 + 0.5 * h,
+                         "maintain fast": v0 > 6.5 - 0.5 * h}[speed]
+            if speed == "stop":
+                assert v1 == 0.0
+            elif got == "stop" and speed in ("slow down", "slow down rapidly"):
+                assert v1 < 0.5 and v0 < 1.5  # nothing left to slow down from
+            elif reachable:
+                assert got == speed, (speed, raw, v1, got)
+            elif speed.startswith("slow down"):  # a slower target than the car can brake to
+                assert v1 == 0.0 and got in ("slow down", "slow down rapidly"), (speed, v1, got)
+            else:  # maintain a band far from v0: drive in that band
+                assert got in ("speed up", "slow down", "slow down rapidly"), (speed, v1, got)
+    with pytest.raises(ValueError, match="valid: speed up"):
+        speed_band("hover", 3.0, 1.0)
+
+
+def test_feasible_meta_actions_follow_the_labelling():
+    """mask_infeasible allows only the speed classes the SFT labelling can produce at the current
+    speed: at rest stop and speed up (slow down would mean standing), and no stop at speed."""
+    def allowed(v):
+        m = feasible_mask(v, 1.0)
+        return {a.split(" , ")[0] for a, ok in zip(META_ACTIONS, m) if ok}
+    assert allowed(0.0) == {"stop", "speed up"}
+    assert allowed(5.0) == {"speed up", "slow down", "slow down rapidly", "maintain moderate"}
+    assert allowed(8.0) == {"speed up", "slow down", "slow down rapidly", "maintain fast"}
+    assert feasible_mask(0.0, 1.0).sum() == 2 * len(COMMAND_PATH)  # every path with each
+
+
+def test_masked_decision_never_picks_an_infeasible_meta_action(agent):
+    at_rest = {**FACTS, "speed_kmh": 0.0}
+    prompt = scene_prompt(at_rest)
+    mask = feasible_mask(0.0, 1.0)
+    with th.no_grad():
+        free = agent.lm.decide([prompt])[0][0].exp().numpy()
+        allowed = np.ones(len(META_ACTIONS), bool)
+        allowed[int(np.argmax(free))] = False  # forbid the most likely one
+        masked = agent.lm.decide([prompt], allowed=allowed[None])[0][0].exp().numpy()
+    assert masked[~allowed].max() == 0.0 and int(np.argmax(masked)) != int(np.argmax(free))
+    np.testing.assert_allclose(masked.sum(), 1.0, atol=1e-5)
+    np.testing.assert_allclose(masked[allowed], free[allowed] / free[allowed].sum(), rtol=1e-3)
+    cfg = MindDriveConfig.from_dict({"model": {"lora_rank": 4}, "mask_infeasible": True})
+    old = agent.cfg
+    try:
+        agent.cfg = cfg
+        k, p, _, v = agent.decide(at_rest)
+    finally:
+        agent.cfg = old
+    assert mask[k]
+    assert v == 0.0 if META_ACTIONS[k].startswith("stop") else v >= 0.5  # stop stands, speed up moves
 
 
 def test_path_from_route_command_and_bad_command():
@@ -115,6 +184,51 @@ def test_distribution_sums_to_one_and_sft_step_moves_it(agent):
         agent.lm.load_trainable_state(state)
 
 
+def _full_sequence_decide(lm, prompts, adapter="decision"):
+    """The candidates' scores the plain way: every (prompt + candidate) sequence run in full."""
+    from torch.nn import functional as F
+
+    m = len(META_ACTIONS)
+    pids = [lm.bos + lm._ids(p) for p in prompts]
+    seqs = [p + c for p in pids for c in lm.cand_ids]
+    lm.lm.set_adapter(adapter)
+    ids, mask = lm._batch(seqs)
+    out = lm.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    rows = []
+    for i, s in enumerate(seqs):
+        lp = len(pids[i // m])
+        tok_lp = F.log_softmax(out.logits[i, lp - 1:len(s) - 1].float(), -1)
+        rows.append(tok_lp.gather(1, th.tensor(s[lp:])[:, None]).sum())
+    scores = th.stack(rows).view(len(prompts), m)
+    last = th.stack([out.hidden_states[-1][i * m, len(p) - 1] for i, p in enumerate(pids)])
+    return F.log_softmax(scores, -1), lm.value_head(last).squeeze(-1)
+
+
+def test_shared_prompt_cache_scores_match_full_sequences(agent):
+    """decide() runs each prompt once and shares its key/value cache among the 42 candidates;
+    the log-probabilities and values equal those of the full sequences, for prompts of different
+    lengths in one batch (right padding) and an adapter whose LoRA weights are not zero."""
+    lm = agent.lm
+    state = lm.trainable_state()
+    try:
+        g = th.Generator().manual_seed(1)
+        for n, p in lm.lm.named_parameters():
+            if ".decision." in n and "lora_B" in n:
+                p.data.normal_(0.0, 0.2, generator=g)
+        prompts = [scene_prompt(FACTS), scene_prompt({**FACTS, "light_state": -1.0, "lead_distance": 12.3,
+                                                      "lead_speed_kmh": 11.0, "route_remaining": 1234.0}),
+                   scene_prompt({**FACTS, "speed_kmh": 3.0})]
+        assert len({len(lm._ids(p)) for p in prompts}) > 1
+        with th.no_grad():
+            logp, values = lm.decide(prompts)
+            ref_logp, ref_values = _full_sequence_decide(lm, prompts)
+        assert float(ref_logp.exp().max()) > 0.1  # a peaked distribution, not a flat one
+        np.testing.assert_allclose(logp.numpy(), ref_logp.numpy(), atol=1e-4)
+        np.testing.assert_allclose(values.numpy(), ref_values.numpy(), atol=1e-5)
+    finally:
+        lm.load_trainable_state(state)
+
+
 def test_adapters_are_separate(agent):
     """The decision loss reaches only the decision adapter, the action expert's loss only the
     action adapter and its head: two experts on one base."""
@@ -154,6 +268,78 @@ def test_kl_reference_policy_on_hand_numbers():
     assert float(kl_ref_policy(ref, ref)) == pytest.approx(0.0, abs=1e-7)
     # KL(ref || pol) is not KL(pol || ref)
     assert float(kl_ref_policy(pol, ref)) != pytest.approx(want)
+
+
+def test_rollout_without_events_leaves_the_policy_near_its_reference(agent):
+    """Most PPO rollouts hold no +1 / -1 event: their advantages are only the critic's noise.
+    Standardising them per rollout (normalize_advantage=true, SB3's habit) blows that noise up to
+    unit size and the policy walks away from the SFT reference on it; the default keeps the
+    rewards' own scale, so the KL anchor holds it closer (Adam still takes steps of its own size
+    on the small gradients, so not still). The critic starts at exactly zero."""
+    from drivemind.agents.minddrive import MindDriveLM
+    from drivemind.agents.minddrive_train import add_reference, ppo_update, reference_logp
+
+    with th.no_grad():
+        assert float(MindDriveLM(LMConfig(lora_rank=4), seed=3).decide([scene_prompt(FACTS)])[1].abs().max()) == 0.0
+    lm = agent.lm
+    state = lm.trainable_state()
+    prompts = [scene_prompt({**FACTS, "speed_kmh": float(v), "lead_distance": float(d)})
+               for v in (0, 10, 20, 30) for d in (12, 50)]
+    rng = np.random.default_rng(0)
+    drift = {}
+    try:
+        add_reference(agent)
+        with th.no_grad():
+            logp0 = lm.decide(prompts)[0]
+        probs = logp0.exp().double().numpy()
+        acts = [int(rng.choice(len(META_ACTIONS), p=p / p.sum())) for p in probs]
+        values = rng.normal(0.0, 1e-3, len(prompts))  # a nearly converged critic's noise
+        adv, ret = gae([0.0] * len(prompts), values, [False] * len(prompts), 0.0, 0.99, 1.0)
+        roll = {"prompts": prompts, "actions": acts, "logp": [float(logp0[i, a]) for i, a in enumerate(acts)],
+                "logp_ref": reference_logp(agent, prompts), "adv": adv, "ret": ret}
+        for norm in (False, True):
+            lm.load_trainable_state(state)
+            cfg = MindDriveConfig.from_dict({"n_epochs": 10, "batch_size": 8, "learning_rate": 3e-3,
+                                             "normalize_advantage": norm})
+            opt = th.optim.Adam(lm.adapter_params("decision") + list(lm.value_head.parameters()),
+                                lr=cfg.learning_rate)
+            ppo_update(agent, opt, roll, cfg, np.random.default_rng(0))
+            with th.no_grad():
+                drift[norm] = float(kl_ref_policy(logp0, lm.decide(prompts)[0]))
+    finally:
+        lm.load_trainable_state(state)
+    assert drift[True] > 2 * drift[False], drift  # seen: 0.061 against 0.016
+
+
+def test_ppo_update_with_masks_keeps_forbidden_meta_actions_at_zero(agent):
+    """PPO's ratios and KL(reference || policy) over the feasible set only: finite losses (no
+    0 x inf) and the forbidden meta-actions stay at probability 0."""
+    from drivemind.agents.minddrive_train import add_reference, ppo_update, reference_logp
+
+    lm = agent.lm
+    state = lm.trainable_state()
+    prompts = [scene_prompt({**FACTS, "speed_kmh": v}) for v in (0.0, 0.0, 20.0, 30.0)]
+    masks = [feasible_mask(v / 3.6, 1.0) for v in (0.0, 0.0, 20.0, 30.0)]
+    try:
+        add_reference(agent)
+        with th.no_grad():
+            logp0 = lm.decide(prompts, allowed=np.stack(masks))[0]
+        acts = [int(np.argmax(p.numpy())) for p in logp0]
+        roll = {"prompts": prompts, "masks": masks, "actions": acts,
+                "logp": [float(logp0[i, a]) for i, a in enumerate(acts)],
+                "logp_ref": reference_logp(agent, prompts, masks), "adv": np.array([1.0, -1.0, 0.5, -0.5]),
+                "ret": np.zeros(4)}
+        cfg = MindDriveConfig.from_dict({"n_epochs": 2, "batch_size": 4, "learning_rate": 3e-3})
+        opt = th.optim.Adam(lm.adapter_params("decision") + list(lm.value_head.parameters()), lr=3e-3)
+        stats = ppo_update(agent, opt, roll, cfg, np.random.default_rng(0))
+        assert all(math.isfinite(v) for v in stats.values()), stats
+        assert stats["kl_ref"] >= 0.0
+        with th.no_grad():
+            after = lm.decide(prompts, allowed=np.stack(masks))[0].exp().numpy()
+        assert all(after[i][~m].max() == 0.0 for i, m in enumerate(masks))
+        assert np.abs(after - logp0.exp().numpy()).sum() > 1e-4  # the update did something
+    finally:
+        lm.load_trainable_state(state)
 
 
 def test_gae_lambda_one_is_discounted_return_minus_value():
@@ -235,8 +421,11 @@ def test_train_and_eval_scripts_end_to_end(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     run_dir = tmp_path / "run"
-    args = ["algo=minddrive", "density=empty", "obs.bev.size=48", "obs.features=null", "logger=quiet", "progress_bar=false",
-            "total_timesteps=30", "algo.sft_steps=60", "algo.sft_epochs=1", "algo.n_decisions=3",
+    args = ["algo=minddrive", "density=empty", "obs.bev.size=48", "logger=quiet", "progress_bar=false",
+            "total_timesteps=30", "algo.sft_steps=60", "algo.sft_epochs=4", "algo.n_decisions=3",
+            # this 51-sample expert's most likely feasible choice at rest is stop: with the mask
+            # the eval below would stand; the masked path is tested on its own
+            "algo.mask_infeasible=false",
             "algo.n_epochs=1", "algo.model.lora_rank=4", f"hydra.run.dir={run_dir}"]
     p = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=240)
@@ -244,6 +433,16 @@ def test_train_and_eval_scripts_end_to_end(tmp_path):
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["status"] == "finished" and summary["algo"] == "minddrive"
     assert summary["steps"] == 30 and summary["sft"]["samples"] == 51
+    # the PPO stage's own budget: its env steps, decisions, updates and wall time
+    assert summary["ppo"]["env_steps"] == 30 and summary["ppo"]["decisions"] == 6
+    assert summary["ppo"]["updates"] == 2 and summary["ppo"]["wall_s"] >= 0
+    assert 0 <= summary["sft_wall_s"] <= summary["wall_s"]
+    # the agent reads facts and waypoints only: the run drops the BEV encoder and the corridor
+    import yaml
+    obs_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())["obs"]
+    assert obs_cfg["features"] is None and obs_cfg["corridor"] is False
+    sig = json.loads((run_dir / "obs_signature.json").read_text())
+    assert "waypoints" in json.dumps(sig) and "bev_features" not in json.dumps(sig)
     assert (run_dir / "checkpoints" / "sft_reference.zip").is_file()
     assert json.loads((run_dir / "checkpoints" / "latest.json").read_text())["model"] == "model_30.zip"
     log = [json.loads(x) for x in (run_dir / "decisions.jsonl").read_text().splitlines()]
@@ -258,3 +457,22 @@ def test_train_and_eval_scripts_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads(p.stdout.strip().splitlines()[-1])
     assert m["episodes"] == 1 and m["steps"] <= 40 and m["distance_km"] > 0
+
+
+def test_bench_driving_score_is_progress_times_collision_factor():
+    """bench.py minddrive's Bench2Drive-style score: route progress x 0.6 per collision, averaged."""
+    from script_loader import load_script
+
+    from drivemind.evaluation.metrics import EpisodeRecord
+
+    bench = load_script("bench")
+
+    def rec(completion, collisions):
+        return EpisodeRecord(route_index=0, steps=10, distance_m=1.0, duration_s=1.0, mean_speed_kmh=1.0,
+                             arrived=completion == 1.0, completion=completion, routes_completed=0.0,
+                             collisions=collisions)
+
+    assert bench.driving_score_approx([rec(1.0, 0), rec(0.5, 1)]) == pytest.approx((1.0 + 0.3) / 2)
+    assert bench.driving_score_approx([rec(0.8, 2)]) == pytest.approx(0.8 * 0.36)
+    with pytest.raises(ValueError, match="at least one"):
+        bench.driving_score_approx([])

@@ -22,6 +22,7 @@ checkpoint (Qwen2-0.5B in the paper) through :func:`load_lm`; nothing is downloa
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import math
@@ -76,6 +77,51 @@ def speed_class(v_now: float, v_next: float, horizon: float) -> str:
     if v_next < SLOW_BELOW:
         return "maintain slow"
     return "maintain fast" if v_next > FAST_ABOVE else "maintain moderate"
+
+
+def speed_band(speed_action: str, v_now: float, horizon: float) -> tuple[float, float]:
+    """The set-points (m/s) that mean ``speed_action`` when driving at ``v_now``: those that
+    :func:`speed_class` labels with it (the labels SFT learnt from), shrunk by 1 mm/s at the
+    edges. A maintained class whose speed band is out of reach of a steady speed (``maintain
+    slow`` at 8 m/s) gives its speed band: the meta-action then means driving in that band."""
+    if horizon <= 0:
+        raise ValueError(f"horizon must be positive, got {horizon}")
+    e, inf = 1e-3, float("inf")
+    v = max(float(v_now), 0.0)
+    if speed_action == "stop":
+        return 0.0, 0.0
+    if speed_action == "slow down rapidly":
+        return 0.0, max(v + RAPID_DECEL * horizon, 0.0)
+    if speed_action == "slow down":
+        return max(v + RAPID_DECEL * horizon + e, 0.0), max(v + DECEL * horizon, 0.0)
+    if speed_action == "speed up":
+        return max(v + ACCEL * horizon, STOP_SPEED), inf
+    bands = {"maintain slow": (STOP_SPEED, SLOW_BELOW - e), "maintain moderate": (SLOW_BELOW, FAST_ABOVE),
+             "maintain fast": (FAST_ABOVE + e, inf)}
+    if speed_action not in bands:
+        raise ValueError(f"unknown speed meta-action {speed_action!r}; valid: {', '.join(SPEED_ACTIONS)}")
+    lo, hi = bands[speed_action]
+    steady = max(lo, v + DECEL * horizon + e), min(hi, v + ACCEL * horizon - e)
+    return steady if steady[0] <= steady[1] else (lo, hi)
+
+
+def grounded_set_point(v_target: float, meta: str, v_now: float, horizon: float) -> float:
+    """The action expert's set-point moved into the band its meta-action's speed part means
+    (:func:`speed_band`), so a meta-action the decision expert picks always has its effect."""
+    lo, hi = speed_band(meta.split(" , ")[0], v_now, horizon)
+    return float(min(max(float(v_target), lo), hi))
+
+
+def feasible_mask(v_now: float, horizon: float) -> np.ndarray:
+    """Which of ``META_ACTIONS`` the SFT labelling can produce at speed ``v_now``: a speed class
+    whose grounded set-point (:func:`speed_band`) :func:`speed_class` calls by that class (at
+    rest: only ``stop`` and ``speed up``; ``slow down`` needs speed to lose)."""
+    ok = {}
+    for speed in SPEED_ACTIONS:
+        lo, hi = speed_band(speed, v_now, horizon)
+        v1 = lo if math.isinf(hi) else 0.5 * (lo + hi)
+        ok[speed] = speed_class(v_now, v1, horizon) == speed
+    return np.array([ok[m.split(" , ")[0]] for m in META_ACTIONS], bool)
 
 
 def path_class(command: float) -> str:
@@ -194,6 +240,18 @@ def load_lm(cfg: LMConfig, seed: int = 0):
     return model, tok, folder
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_kw() -> str:
+    """The causal LMs' keyword (and output field) for a key/value cache: ``cache`` in recent
+    transformers, ``past_key_values`` before (an unknown keyword would be swallowed by
+    ``**kwargs``)."""
+    import inspect
+
+    from transformers import Qwen2ForCausalLM
+    return "cache" if "cache" in inspect.signature(Qwen2ForCausalLM.forward).parameters \
+        else "past_key_values"
+
+
 class MindDriveLM(nn.Module):
     """The causal LM with the ``decision`` and ``action`` LoRA adapters (PEFT), the decision
     expert's value head and the action expert's trajectory head."""
@@ -214,9 +272,14 @@ class MindDriveLM(nn.Module):
         self.lm.add_adapter("action", lora())
         h = base.config.hidden_size
         self.value_head = nn.Linear(h, 1)
+        # zero at the start of PPO: before the critic has learnt anything, a rollout without a
+        # reward event has zero advantages instead of the random head's noise
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
         self.action_head = nn.Sequential(nn.Linear(h, 64), nn.Tanh(), nn.Linear(64, 1))
         self.eos = self.tok.eos_token_id
         self.cand_ids = [self._ids(" " + m) + [self.eos] for m in META_ACTIONS]
+        self._cand = self._batch(self.cand_ids)  # (M x L right-padded ids, mask)
         self.bos = [self.tok.bos_token_id] if self.tok.bos_token_id is not None else []
 
     def _ids(self, text: str) -> list[int]:
@@ -240,22 +303,42 @@ class MindDriveLM(nn.Module):
         out = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         return out.logits, out.hidden_states[-1], ids
 
-    def decide(self, prompts: list[str], adapter: str = "decision"):
+    def decide(self, prompts: list[str], adapter: str = "decision", allowed=None):
         """(log-probabilities over ``META_ACTIONS`` (B x M), values (B)). Each candidate's score is
         the sum of the LM's log-likelihoods of its tokens after the prompt; the distribution is
-        the softmax of the scores over the fixed set."""
+        the softmax of the scores over the fixed set.
+
+        The prompt is run once and its key/value cache is shared by the M candidates (each prompt
+        row repeated M times), so a batch costs B prompt passes plus B x M passes over the few
+        candidate tokens, not B x M passes over prompt + candidate (the same numbers:
+        tests/test_minddrive.py checks them against the full sequences). ``allowed`` (B x M bool):
+        the meta-actions allowed per prompt; the others get probability 0."""
         m = len(META_ACTIONS)
+        b = len(prompts)
         pids = [self.bos + self._ids(p) for p in prompts]
-        seqs = [p + c for p in pids for c in self.cand_ids]
-        logits, hid, ids = self._run(seqs, adapter)
-        logp = F.log_softmax(logits[:, :-1].float(), -1).gather(2, ids[:, 1:, None]).squeeze(2)
-        # position t scores token t + 1: the candidate's tokens are those at len(prompt)..len(seq)-1
-        pos = th.arange(ids.shape[1] - 1)[None]
-        lp = th.tensor([len(pids[i // m]) for i in range(len(seqs))])[:, None]
-        ln = th.tensor([len(s) for s in seqs])[:, None]
-        cand = (pos >= lp - 1) & (pos < ln - 1)
-        scores = (logp * cand).sum(1).view(len(prompts), m)
-        last = th.stack([hid[i * m, len(p) - 1] for i, p in enumerate(pids)])
+        self.lm.set_adapter(adapter)  # also makes that adapter's weights trainable
+        ids, mask = self._batch(pids)  # right-padded: real tokens keep positions 0..len-1
+        out = self.lm(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=True)
+        plen = mask.sum(1)
+        rows = th.arange(b)
+        last = out.hidden_states[-1][rows, plen - 1]
+        # the first candidate token is scored by the prompt's last position
+        first = F.log_softmax(out.logits[rows, plen - 1].float(), -1)  # B x V
+        cand, cmask = self._cand
+        scores = first[:, cand[:, 0]]  # B x M
+        if cand.shape[1] > 1:
+            cache = getattr(out, _cache_kw())
+            cache.batch_repeat_interleave(m)  # row i * m + j: prompt i, candidate j
+            inp = cand[:, :-1].repeat(b, 1)
+            att = th.cat([mask.repeat_interleave(m, 0), cmask[:, :-1].repeat(b, 1)], 1)
+            pos = plen.repeat_interleave(m)[:, None] + th.arange(inp.shape[1])[None]
+            out2 = self.lm(input_ids=inp, attention_mask=att, position_ids=pos, use_cache=True,
+                           **{_cache_kw(): cache})
+            tgt = cand[:, 1:].repeat(b, 1)
+            lp = F.log_softmax(out2.logits.float(), -1).gather(2, tgt[..., None]).squeeze(2)
+            scores = scores + (lp * cmask[:, 1:].repeat(b, 1)).sum(1).view(b, m)
+        if allowed is not None:  # a large finite negative: 0 * (logp_ref - logp) stays 0 in the KL
+            scores = scores.masked_fill(~th.as_tensor(np.asarray(allowed), dtype=th.bool), -1e9)
         return F.log_softmax(scores, -1), self.value_head(last.float()).squeeze(-1)
 
     def sft_decision_loss(self, prompts: list[str], metas: list[str]):
@@ -402,6 +485,20 @@ class MindDriveConfig:
     clip_range: float = 0.2
     vf_coef: float = 0.5
     kl_coef: float = 0.5  # KL(reference || policy), reference = the SFT decision expert
+    # standardise each rollout's advantages (SB3's habit). Off by default: the event reward is
+    # already in [-1, 1], and standardising blows a rollout without any event (most of them) up
+    # to unit-size advantages made of the critic's noise, which then outweigh the KL anchor
+    normalize_advantage: bool = False
+    # move the action expert's set-point into the speed band its meta-action means (speed_band):
+    # the LoRA action expert alone learns the speed mostly from the scene and often ignores the
+    # meta-action (``maintain slow`` at 7 m/s, ``stop`` at 6 m/s), so the decisions PPO changes
+    # would barely change the driving. false: the action expert's raw output
+    ground_set_point: bool = True
+    # decide only among the meta-actions the SFT labelling can produce at the current speed
+    # (feasible_mask; e.g. at rest only stop / speed up): without it the tiny decision expert's
+    # most likely meta-action at 0 km/h was often ``slow down``, which grounded means standing
+    # (route completion 0.2 -> 0.7 for the same SFT checkpoint, docs/benchmarks.md)
+    mask_infeasible: bool = True
     max_grad_norm: float = 1.0
 
     @classmethod
@@ -455,11 +552,23 @@ class MindDriveAgent:
     def decide(self, facts: dict, deterministic: bool = True, rng: np.random.Generator | None = None):
         """(meta-action index, its probability, scene prompt, set-point m/s)."""
         prompt = scene_prompt(facts, self.env_meta.get("lead_range", 50.0))
-        logp, _ = self.lm.decide([prompt])
+        logp, _ = self.lm.decide([prompt], allowed=self.mask(facts)[None] if self.cfg.mask_infeasible else None)
         p = logp[0].exp().double().numpy()
         k = int(np.argmax(p)) if deterministic else int((rng or np.random.default_rng()).choice(len(p), p=p / p.sum()))
+        return k, float(p[k]), prompt, self.set_point(prompt, k, facts)
+
+    def mask(self, facts: dict) -> np.ndarray:
+        """The meta-actions allowed in this step (:func:`feasible_mask`)."""
+        return feasible_mask(facts["speed_kmh"] / 3.6, self.cfg.action_horizon)
+
+    @th.no_grad()
+    def set_point(self, prompt: str, k: int, facts: dict) -> float:
+        """The action expert's speed set-point (m/s) for meta-action ``k`` in this scene; with
+        ``ground_set_point`` moved into the band the meta-action means (:func:`grounded_set_point`)."""
         v = float(self.lm.trajectory([prompt], [META_ACTIONS[k]])[0]) * 10.0
-        return k, float(p[k]), prompt, v
+        if self.cfg.ground_set_point:
+            v = grounded_set_point(v, META_ACTIONS[k], facts["speed_kmh"] / 3.6, self.cfg.action_horizon)
+        return v
 
     def control(self, obs: dict, facts: dict, v_target: float) -> np.ndarray:
         m = self.env_meta

@@ -112,24 +112,36 @@ def add_reference(agent: MindDriveAgent):
 
 
 # ----------------------------------------------------------------------------- PPO
+@th.no_grad()
+def reference_logp(agent: MindDriveAgent, prompts: list[str], masks=None, chunk: int = 64) -> np.ndarray:
+    """The frozen SFT reference's log-probabilities over the meta-actions (len x M), batched
+    (``masks``: the allowed meta-actions per prompt, as the policy had them)."""
+    out = [agent.lm.decide(prompts[i:i + chunk], adapter="reference",
+                           allowed=None if masks is None else np.stack(masks[i:i + chunk]))[0].numpy()
+           for i in range(0, len(prompts), chunk)]
+    return np.concatenate(out, 0)
+
+
 def ppo_update(agent: MindDriveAgent, opt, roll: dict, cfg: MindDriveConfig, rng) -> dict:
     lm = agent.lm
     lm.train()
     n = len(roll["prompts"])
     adv = th.tensor(roll["adv"], dtype=th.float32)
-    if n > 1 and float(adv.std()) > 1e-8:
+    if cfg.normalize_advantage and n > 1 and float(adv.std()) > 1e-8:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     ret = th.tensor(roll["ret"], dtype=th.float32)
     acts = th.tensor(roll["actions"])
     old = th.tensor(roll["logp"], dtype=th.float32)
-    ref = th.tensor(np.stack(roll["logp_ref"]), dtype=th.float32)
+    ref = th.tensor(np.asarray(roll["logp_ref"]), dtype=th.float32)
     params = lm.adapter_params("decision") + list(lm.value_head.parameters())
     stats = {"policy_loss": [], "value_loss": [], "kl_ref": [], "clip_frac": [], "entropy": []}
     for _ in range(cfg.n_epochs):
         order = rng.permutation(n)
         for i in range(0, n, cfg.batch_size):
             idx = order[i:i + cfg.batch_size]
-            logp_all, values = lm.decide([roll["prompts"][j] for j in idx])
+            masks = roll.get("masks")
+            logp_all, values = lm.decide([roll["prompts"][j] for j in idx],
+                                         allowed=None if masks is None else np.stack([masks[j] for j in idx]))
             logp = logp_all.gather(1, acts[idx][:, None]).squeeze(1)
             pl = ppo_clip_loss(logp, old[idx], adv[idx], cfg.clip_range)
             vl = th.nn.functional.mse_loss(values, ret[idx])
@@ -160,6 +172,18 @@ def _csv_row(path: Path, row: dict):
         w.writerow(row)
 
 
+def drop_unread_obs(cfg: dict) -> dict:
+    """``cfg`` without the observation parts the agent never reads: it writes its prompt from the
+    step's facts and tracks ``obs["waypoints"]``, so the frozen BEV encoder's features and the
+    BEV corridor (about 97% of an env step's CPU time on the cpu preset) are switched off. The
+    run's config.yaml records it, so evaluation builds the same env."""
+    cfg = dict(cfg)
+    obs = dict(cfg.get("obs") or {})
+    obs["features"], obs["corridor"] = None, False
+    cfg["obs"] = obs
+    return cfg
+
+
 def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
     """SFT then PPO as ``cfg`` says, writing into ``run_dir``; returns the summary."""
     from ..evaluation import EpisodeAccumulator, compute_metrics
@@ -171,6 +195,7 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
                          "stage is short)")
     run_dir = Path(run_dir)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    cfg = drop_unread_obs(cfg)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     if int(cfg.get("torch_threads") or 0) > 0:
         th.set_num_threads(int(cfg["torch_threads"]))
@@ -195,6 +220,8 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
     reason = "failed"
     agent = None
     records = []
+    n_decisions = n_updates = 0
+    sft_wall = t_ppo = None
     try:
         meta = env_meta(env)
         agent = MindDriveAgent(mcfg, meta, seed)
@@ -214,6 +241,8 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
         add_reference(agent)
         # ---- stage 2: PPO in language space on the decision expert
         agent.stage = "ppo"
+        t_ppo = time.perf_counter()
+        sft_wall = round(t_ppo - t0, 1)
         opt = th.optim.Adam(agent.lm.adapter_params("decision") + list(agent.lm.value_head.parameters()),
                             lr=mcfg.learning_rate)
         obs, info = env.reset()
@@ -223,16 +252,15 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
         next_ckpt = every if every > 0 else None
         stopped = False
         while agent.num_timesteps < total and not stopped:
-            roll = {k: [] for k in ("prompts", "actions", "logp", "logp_ref", "values", "rewards", "dones")}
+            roll = {k: [] for k in ("prompts", "masks", "actions", "logp", "values", "rewards", "dones")}
             for _ in range(mcfg.n_decisions):
                 prompt = scene_prompt(info, meta["lead_range"])
+                mask = agent.mask(info) if mcfg.mask_infeasible else np.ones(len(META_ACTIONS), bool)
                 with th.no_grad():
-                    logp, v = agent.lm.decide([prompt])
-                    logp_ref, _ = agent.lm.decide([prompt], adapter="reference")
+                    logp, v = agent.lm.decide([prompt], allowed=mask[None])
                 p = logp[0].exp().double().numpy()
                 k = int(rng.choice(len(p), p=p / p.sum()))
-                with th.no_grad():
-                    vt = float(agent.lm.trajectory([prompt], [META_ACTIONS[k]])[0]) * 10.0
+                vt = agent.set_point(prompt, k, info)
                 log_f.write(json.dumps({"step": agent.num_timesteps, "stage": "ppo", "prompt": prompt,
                                         "meta_action": META_ACTIONS[k], "probability": round(float(p[k]), 5),
                                         "set_point_ms": round(vt, 3)}) + "\n")
@@ -244,6 +272,10 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
                     acc.add(info)
                     r += event_reward(info)
                     if term or trunc:
+                        if trunc and not term:  # a time/distance limit, not an outcome: bootstrap
+                            with th.no_grad():
+                                _, v_end = agent.lm.decide([scene_prompt(info, meta["lead_range"])])
+                            r += mcfg.gamma * float(v_end[0])
                         records.append(acc.finish())
                         _csv_row(run_dir / "logs" / "episodes.csv",
                                  {"steps": agent.num_timesteps, "termination": info.get("termination"),
@@ -255,20 +287,22 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
                         acc = EpisodeAccumulator()
                         acc.start(info)
                         break
-                for key, val in (("prompts", prompt), ("actions", k), ("logp", float(logp[0, k])),
-                                 ("logp_ref", logp_ref[0].numpy()), ("values", float(v[0])),
-                                 ("rewards", r), ("dones", done)):
+                for key, val in (("prompts", prompt), ("masks", mask), ("actions", k), ("logp", float(logp[0, k])),
+                                 ("values", float(v[0])), ("rewards", r), ("dones", done)):
                     roll[key].append(val)
+                n_decisions += 1
                 if agent.num_timesteps >= total or (deadline and time.perf_counter() > deadline):
                     stopped = True
                     break
             log_f.flush()
             with th.no_grad():
                 _, last_v = agent.lm.decide([scene_prompt(info, meta["lead_range"])])
+                roll["logp_ref"] = reference_logp(agent, roll["prompts"], roll["masks"])
             adv, ret = gae(roll["rewards"], roll["values"], roll["dones"], float(last_v[0]),
                            mcfg.gamma, mcfg.gae_lambda)
             roll["adv"], roll["ret"] = adv, ret
             stats = ppo_update(agent, opt, roll, mcfg, rng)
+            n_updates += 1
             row = {"steps": agent.num_timesteps, "decisions": len(roll["prompts"]),
                    "reward_sum": float(np.sum(roll["rewards"])),
                    "arrivals": int(sum(x > 0 for x in roll["rewards"])),
@@ -291,6 +325,10 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
         summary = {
             "steps": int(agent.num_timesteps) if agent else 0, "total_timesteps": total, "status": reason,
             "wall_s": round(time.perf_counter() - t0, 1), "algo": "minddrive",
+            "sft_wall_s": sft_wall,
+            "ppo": {"env_steps": int(agent.num_timesteps) if agent else 0, "decisions": n_decisions,
+                    "updates": n_updates,
+                    "wall_s": round(time.perf_counter() - t_ppo, 1) if t_ppo is not None else None},
             "reward": "minddrive events (+1 arrival, -1 collision / red light / off route)",
             "checkpoint": entry, "sft_reference": str(ckpt_dir / "sft_reference.zip"),
             "sft": {"samples": len(samples) if "samples" in locals() else 0,
