@@ -168,9 +168,9 @@ class Labeller:
         self.service_dead = False  # the worker died: embed inline from then on
         self.warned_views = False
         self.image_encoder = None
-        # km/h per unit of obs["ego"][0] (a speed tower's episode-start frames): a callable the
-        # agent sets from its env (None: DriveEnv's default speed_scale)
-        self.speed_unit = None
+        # the agent's env, for the km/h per unit of obs["ego"][0] (a speed tower's episode-start
+        # frames): a callable the agent sets (None: DriveEnv's default speed_scale)
+        self.env_of = None
         self._service = None
         self._in_service: dict[int, int] = {}  # request id -> step when submitted
         self._poll_timeout = 0.0
@@ -298,7 +298,7 @@ class Labeller:
         return self.custom_bev_clip and bool(getattr(self.tower(), "reads_speed", False))
 
     def _unit(self) -> float:
-        return float(self.speed_unit()) if callable(self.speed_unit) else ego_speed_unit_kmh(None)
+        return float(ego_speed_unit_kmh(self.env_of() if callable(self.env_of) else None))
 
     def obs_speed_kmh(self, ego) -> np.ndarray:
         """The measured speeds (km/h) of observations from their ``ego`` vectors (N, 3)."""

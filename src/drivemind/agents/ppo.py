@@ -314,14 +314,9 @@ class DrivePPO(PPO):
                            f"facts (DriveMind-v0)") from None
 
     # ------------------------------------------------------------------ rollouts
-    def _ego_speed_unit(self) -> float:
-        """km/h per unit of obs["ego"][0] for this agent's env (``ego_speed_unit_kmh``)."""
-        from .embedding import ego_speed_unit_kmh
-        return ego_speed_unit_kmh(getattr(self, "env", None))
-
     def _setup_model(self) -> None:
         self.labeller.observation_space = self.observation_space
-        self.labeller.speed_unit = self._ego_speed_unit  # a speed tower's episode-start frames
+        self.labeller.env_of = lambda: getattr(self, "env", None)  # a speed tower's episode starts
         super()._setup_model()
 
     def _setup_learn(self, *args, **kwargs):

@@ -238,14 +238,9 @@ class DriveSAC(SAC):
         return self._guidance_requester
 
     # ------------------------------------------------------------------ training
-    def _ego_speed_unit(self) -> float:
-        """km/h per unit of obs["ego"][0] for this agent's env (``ego_speed_unit_kmh``)."""
-        from .embedding import ego_speed_unit_kmh
-        return ego_speed_unit_kmh(getattr(self, "env", None))
-
     def _setup_model(self) -> None:
         self.labeller.observation_space = self.observation_space
-        self.labeller.speed_unit = self._ego_speed_unit  # a speed tower's episode-start frames
+        self.labeller.env_of = lambda: getattr(self, "env", None)  # a speed tower's episode starts
         super()._setup_model()
         if self.labeller.needs_embedding:
             self.labeller.tower()  # a BEV shape the checkpoint was not trained for fails here
