@@ -649,18 +649,17 @@ def bench_learn(args) -> dict:
     # the extra overrides are part of the name (as a sweep's run names show every swept key), so
     # two variants of one reward and seed never share a run directory
     extra = "_".join(o.replace("=", "-", 1) for o in args.override)
-    stem = sweep_subdir("learn", f"{args.experiment}-{args.reward}-{args.town}-{args.density}", extra)
+    base = f"{args.experiment}-{args.reward}-{args.town}-{args.density}"
     for seed in seeds:
         if args.run_dir:
             run_dir = Path(args.run_dir)
         else:
-            run_dir = out / sweep_subdir(
-                "learn", f"{args.experiment}-{args.reward}-{args.town}-{args.density}-s{seed}", extra)
+            run_dir = out / sweep_subdir("learn", f"{base}-s{seed}", extra)
         rows.append(learn_one(root, args.experiment, seed, overrides, run_dir, args.max_steps,
                               train=not args.run_dir))
         runs[f"seed {seed}"] = run_dir
         print(json.dumps(rows[-1]), file=sys.stderr)
-    curve = (Path(args.run_dir) if args.run_dir else out) / f"{stem}.png"
+    curve = (Path(args.run_dir) if args.run_dir else out) / f"{sweep_subdir('learn', base, extra)}.png"
     _learning_curves(runs, curve)
     mean = {k: round(float(np.mean([r[k] for r in rows])), 3)
             for k in ("route_completion", "success_rate", "collision_rate", "mean_speed_kmh",
@@ -718,15 +717,16 @@ def bench_minddrive(args) -> dict:
             raise SystemExit(f"--agent-set wants KEY=VALUE with KEY one of "
                              f"{sorted(MindDriveConfig.__dataclass_fields__)}; got {item!r}")
         agent_set[key] = yaml.safe_load(val)
+    original_load = MindDriveAgent.__dict__["load"]
     if agent_set:
-        load = MindDriveAgent.load.__func__
+        load = original_load.__func__
 
         def load_with(cls, path, *a, **kw):
             agent = load(cls, path, *a, **kw)
             for k, v in agent_set.items():
                 setattr(agent.cfg, k, v)
             return agent
-        MindDriveAgent.load = classmethod(load_with)
+        MindDriveAgent.load = classmethod(load_with)  # until the two evaluations below are done
     routes = [int(r) for r in args.routes.split(",")] if args.routes else None
     ppo = summary.get("ppo") or {}
     progress = run_dir / "logs" / "progress.csv"
@@ -743,17 +743,20 @@ def bench_minddrive(args) -> dict:
            "train_wall_s": summary["wall_s"], "status": summary["status"], "routes": routes,
            "max_steps_per_route": args.max_steps, "agent_set": agent_set}
     print(json.dumps(out), file=sys.stderr, flush=True)
-    for name, ckpt in (("sft", summary["sft_reference"]), ("ppo", "latest")):
-        t = time.perf_counter()
-        res = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
-                           max_steps_per_route=args.max_steps, progress=False,
-                           out_dir=run_dir / "eval" / (name + "".join(f"-{k}-{v}" for k, v in agent_set.items())))
-        m = res["metrics"]
-        out.update({f"{name}_route_completion": m["RC"], f"{name}_route_progress": m["completion"],
-                    f"{name}_driving_score": driving_score_approx(res["records"]),
-                    f"{name}_success_rate": m["SR"], f"{name}_collision_rate": m["CR"],
-                    f"{name}_mean_speed_kmh": m["AS"], f"{name}_eval_s": round(time.perf_counter() - t, 1)})
-        print(json.dumps({k: v for k, v in out.items() if k.startswith(name)}), file=sys.stderr, flush=True)
+    try:
+        for name, ckpt in (("sft", summary["sft_reference"]), ("ppo", "latest")):
+            t = time.perf_counter()
+            res = evaluate_run(run_dir, checkpoint=ckpt, routes=routes, video_route=None,
+                               max_steps_per_route=args.max_steps, progress=False,
+                               out_dir=run_dir / "eval" / (name + "".join(f"-{k}-{v}" for k, v in agent_set.items())))
+            m = res["metrics"]
+            out.update({f"{name}_route_completion": m["RC"], f"{name}_route_progress": m["completion"],
+                        f"{name}_driving_score": driving_score_approx(res["records"]),
+                        f"{name}_success_rate": m["SR"], f"{name}_collision_rate": m["CR"],
+                        f"{name}_mean_speed_kmh": m["AS"], f"{name}_eval_s": round(time.perf_counter() - t, 1)})
+            print(json.dumps({k: v for k, v in out.items() if k.startswith(name)}), file=sys.stderr, flush=True)
+    finally:
+        MindDriveAgent.load = original_load
     return {**out, **machine()}
 
 

@@ -75,20 +75,21 @@ def drive_frames(cfg: dict, town: str, density: str, steps: int, seed: int, ever
 
 
 def encoder_for(cfg: dict, bev_shape):
-    """(image embed function, text encoder or None for the rewards' default, name): OpenCLIP when
-    the config's ``vlm.encoder.kind`` is ``openclip``, else BEV-CLIP + MiniLM (the shipped tower,
-    or ``vlm.encoder.weights``: e.g. ``vlm=bev_clip_speed``, whose embed function then takes
-    ``speed_kmh=``)."""
+    """(image embed function ``embed(frames, speed_kmh)``, text encoder or None for the rewards'
+    default, name): OpenCLIP when the config's ``vlm.encoder.kind`` is ``openclip``, else BEV-CLIP +
+    MiniLM (the shipped tower, or ``vlm.encoder.weights``: e.g. ``vlm=bev_clip_speed``). ``speed_kmh``
+    (the frames' ``speed_kmh`` facts) is read only by a tower that reads the ego's speed."""
     enc_cfg = dict((cfg.get("vlm") or {}).get("encoder") or {})
     if enc_cfg.get("kind") == "openclip":
         from drivemind.vlm.openclip import OpenClipEncoder
         enc = OpenClipEncoder.from_config(enc_cfg)
-        return enc.embed, enc, enc.name
+        return (lambda frames, speed_kmh: enc.embed(frames)), enc, enc.name
     from drivemind.vlm.bev_clip import BevClip
     model = BevClip.load(enc_cfg.get("weights"), bev_shape=tuple(bev_shape))
     if model.reads_speed:
-        return model.embed, None, f"bev_clip[{model.path.name}, ego speed]+minilm"
-    return model.embed, None, "bev_clip+minilm"
+        return (lambda frames, speed_kmh: model.embed(frames, speed_kmh=speed_kmh)), None, \
+            f"bev_clip[{model.path.name}, ego speed]+minilm"
+    return (lambda frames, speed_kmh: model.embed(frames)), None, "bev_clip+minilm"
 
 
 def fact_batch(infos) -> dict:
@@ -157,8 +158,7 @@ def main(argv=None) -> dict:
     if text is not None:
         reward.bind_encoder(text)
     batch = fact_batch(infos)
-    speed = getattr(getattr(embed, "__self__", None), "reads_speed", False)  # the speed tower
-    batch["embedding"] = embed(frames, speed_kmh=batch["speed_kmh"]) if speed else embed(frames)
+    batch["embedding"] = embed(frames, batch["speed_kmh"])
     values = part.calibration_values(batch)
     before = {k: getattr(part, k) for k in ("theta_min", "theta_max") if hasattr(part, k)}
     params = part.calibrate(values, args.low_quantile, args.high_quantile)

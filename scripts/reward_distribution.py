@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
             if text is not None:
                 reward.bind_encoder(text)
         batch = fact_batch(infos)
-        batch["embedding"] = embed(frames)
+        batch["embedding"] = embed(frames, batch["speed_kmh"])
         values[town] = np.asarray(reward(batch), np.float64)
         sets[town] = {"frames": int(len(frames)),
                       "collisions": int(sum(1 for x in infos if x["collision"] > 0))}

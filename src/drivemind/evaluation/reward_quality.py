@@ -245,6 +245,7 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None,
     measured speed of each frame (the step's ``speed_kmh`` fact for the observation it led to; the
     observation's own ``ego`` speed measurement for the one it was taken in).
     Deterministic for a config."""
+    from ..agents.embedding import ego_speed_unit_kmh
     from ..envs import DriveEnv
     from ..vlm.captions import caption
 
@@ -258,7 +259,7 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None,
         kw = {"map_path": cfg.map_path} if cfg.map_path else {}
         env = DriveEnv(town, density, bev=cfg.bev, **kw)
         dt = env.sim_cfg.dt
-        obs_kmh = 3.6 * env.cfg.speed_scale  # obs["ego"][0] is speed / speed_scale (m/s)
+        obs_kmh = ego_speed_unit_kmh(env)  # km/h per unit of obs["ego"][0]
         rng = np.random.default_rng([cfg.seed, k])
         episode: list = []
 
@@ -295,13 +296,12 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None,
                     if embed_speed:
                         kw_next = {"speed_kmh": np.array([infos[i]["speed_kmh"] for i in rows])}
                         kw_obs = {"speed_kmh": np.array([episode[i][4] for i in rows])}
-                    emb.append(np.asarray(embed(np.stack([episode[i][2] for i in rows]), **kw_next),
-                                          np.float32))
+                    nxt = np.stack([episode[i][2] for i in rows])
+                    emb.append(np.asarray(embed(nxt, **kw_next), np.float32))
                     oemb.append(np.asarray(embed(np.stack([episode[i][0] for i in rows]), **kw_obs),
                                            np.float32))
                     if embed_speed:  # the standstill twin's frame: the same BEV at speed 0
-                        semb.append(np.asarray(embed(np.stack([episode[i][2] for i in rows]),
-                                                     speed_kmh=np.zeros(len(rows))), np.float32))
+                        semb.append(np.asarray(embed(nxt, speed_kmh=np.zeros(len(rows))), np.float32))
             counts["episodes"] += 1
             counts["collisions"] += int(np.isfinite(lab["time_to_collision_s"]).any())
             ep_index += 1
