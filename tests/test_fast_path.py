@@ -234,3 +234,35 @@ def test_fast_path_checkpoint_resumes_with_its_buffer(tmp_path):
     m.load_replay_buffer(ck["buffer"])
     buf = m.replay_buffer
     assert not buf.store_images and buf.n_steps == 3 and buf.counts()["labelled"] >= 200
+
+
+def test_critic_layer_norm_builds_normalised_q_heads_that_train_and_survive_a_reload(tmp_path):
+    """algo.policy_kwargs.critic_layer_norm=true: LayerNorm after each hidden linear layer of both
+    Q heads and of their targets, none in the actor; a save/load keeps it (the flag is a
+    constructor parameter of the policy)."""
+    cfg = _cfg(["experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
+                "total_timesteps=120", "algo.learning_starts=60", "algo.batch_size=16",
+                "algo.buffer_size=1000", "checkpoint_every=0", "+env.max_episode_steps=40",
+                "+algo.policy_kwargs.critic_layer_norm=true"])
+    run = tmp_path / "run"
+    train(cfg, run)
+    from drivemind.training.callbacks import latest_checkpoint
+
+    m = DriveSAC.load(latest_checkpoint(run)["model"], reward_fn=make_reward("drivemind_kinematic"))
+    pol = m.policy
+
+    def norms(module):
+        return [x for x in module.modules() if isinstance(x, th.nn.LayerNorm)]
+
+    assert pol.critic_layer_norm
+    for critic in (pol.critic, pol.critic_target):
+        assert len(critic.q_networks) == 2
+        for q in critic.q_networks:
+            assert [x.normalized_shape for x in norms(q)] == [(256,), (256,)]
+    assert not norms(pol.actor.latent_pi)
+    for q, qt in zip(pol.critic.q_networks, pol.critic_target.q_networks):  # trained, target lags
+        w, wt = q[0].weight, qt[0].weight
+        assert w.shape == wt.shape and not th.equal(w, wt)
+    with pytest.raises(RuntimeError, match="Unexpected key"):  # the heads differ from plain ones
+        DriveSAC.load(latest_checkpoint(run)["model"], reward_fn=make_reward("drivemind_kinematic"),
+                      custom_objects={"policy_kwargs": {**m.policy_kwargs, "critic_layer_norm": False}})

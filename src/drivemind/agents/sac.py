@@ -32,8 +32,10 @@ from typing import Any
 import numpy as np
 import torch as th
 from stable_baselines3 import SAC
+from stable_baselines3.common.torch_layers import create_mlp
 from stable_baselines3.common.utils import polyak_update
 from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputPolicy
+from torch import nn
 from torch.nn import functional as F
 
 from .buffer import LABELLED, RelabelReplayBuffer
@@ -46,11 +48,14 @@ from .sb3_logger import use_default_logger
 
 class DriveSACPolicy(MultiInputPolicy):
     """SAC policy with one feature extractor shared by actor and critic, optimised with the critic.
-    Defaults: ``DriveExtractor`` and 3-layer heads ([256, 256]: two hidden layers + output)."""
+    Defaults: ``DriveExtractor`` and 3-layer heads ([256, 256]: two hidden layers + output).
+    ``critic_layer_norm``: a LayerNorm after each hidden linear layer of the Q heads (and their
+    targets), before the activation (as in RLPD, Ball et al. 2023); off by default."""
 
     def __init__(self, observation_space, action_space, lr_schedule, net_arch=None,
                  features_extractor_class=DriveExtractor, features_extractor_kwargs=None,
-                 share_features_extractor: bool = True, **kwargs):
+                 share_features_extractor: bool = True, critic_layer_norm: bool = False, **kwargs):
+        self.critic_layer_norm = bool(critic_layer_norm)
         if not share_features_extractor:
             raise ValueError("DriveSACPolicy always shares its encoder; use SB3's MultiInputPolicy "
                              "for separate actor/critic encoders")
@@ -59,6 +64,23 @@ class DriveSACPolicy(MultiInputPolicy):
                          features_extractor_class=features_extractor_class,
                          features_extractor_kwargs=features_extractor_kwargs,
                          share_features_extractor=True, **kwargs)
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data["critic_layer_norm"] = self.critic_layer_norm
+        return data
+
+    def make_critic(self, features_extractor=None):
+        critic = super().make_critic(features_extractor)
+        if self.critic_layer_norm:  # the same heads with LayerNorm between linear and activation
+            in_dim = critic.q_networks[0][0].in_features  # features + action
+            for i in range(critic.n_critics):
+                q_net = nn.Sequential(*create_mlp(in_dim, 1, self.critic_kwargs["net_arch"],
+                                                  self.critic_kwargs["activation_fn"],
+                                                  post_linear_modules=[nn.LayerNorm]))
+                critic.add_module(f"qf{i}", q_net)
+                critic.q_networks[i] = q_net
+        return critic
 
     def _build(self, lr_schedule) -> None:
         self.actor = self.make_actor()
