@@ -92,7 +92,11 @@ def with_values(cfg: dict, **values) -> dict:
     ("sac", {"algo__embedding_dim": 0}, "algo.embedding_dim=0 is invalid: must be an integer >= 1 or null"),
     ("sac", {"algo__reward_service__max_batch": 0}, "algo.reward_service.max_batch=0 is invalid"),
     ("sac", {"algo__reward_service__wait_s": 0}, "algo.reward_service.wait_s=0 is invalid: must be a number > 0"),
+    ("sac", {"algo__policy_kwargs__critic_layer_norm": "yes"},
+     "algo.policy_kwargs.critic_layer_norm='yes' is invalid: must be true or false"),
     # PPO
+    ("ppo", {"algo__policy_kwargs__critic_layer_norm": True},
+     "algo.policy_kwargs.critic_layer_norm=True is invalid: is a SAC setting"),
     ("ppo", {"algo__n_steps": 0}, "algo.n_steps=0 is invalid: must be an integer >= 1"),
     ("ppo", {"algo__batch_size": 1}, "algo.batch_size=1 is invalid: must be an integer >= 2"),
     ("ppo", {"algo__batch_size": 100}, "algo.batch_size=100 is invalid: must divide the rollout "

@@ -201,6 +201,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
             c.bad("algo.ent_coef", ent, "must be auto, auto_<initial value > 0> or a number >= 0")
     c.int("algo.palette_size", 2, 256, why=" (the replay buffer's codes are one byte)")
     c.int("algo.embedding_dim", 1, none_ok=True)
+    c.flag("algo.policy_kwargs.critic_layer_norm")
     svc = _get(c.cfg, "algo.reward_service")
     if isinstance(svc, dict):
         c.flag("algo.reward_service.enabled")
@@ -257,6 +258,10 @@ def _check_ppo(c: _Checker, n_envs: int):
     c.num("algo.max_grad_norm", 0, lo_open=True)
     c.num("algo.target_kl", 0, lo_open=True, none_ok=True)
     c.int("algo.reward_learn_calls", 0, none_ok=True, why=" (null = one per PPO mini-batch)")
+    ln = _get(c.cfg, "algo.policy_kwargs.critic_layer_norm")
+    if ln is not _MISSING and ln:
+        c.bad("algo.policy_kwargs.critic_layer_norm", ln, "is a SAC setting (LayerNorm in the Q heads); "
+              "PPO has no Q heads: remove it")
 
 
 def _check_reward(c: _Checker):
