@@ -221,3 +221,19 @@ def test_vlm_config_selects_the_lane_tower(monkeypatch, tmp_path):
     x = np.stack([_route_bev(CPU, lat, 0.0) for lat in (0.0, 2.0)])
     e = embed(x, np.array([20.0, 20.0]))
     np.testing.assert_allclose(e, BevClip.load(LANE_NAME).embed(x, speed_kmh=[20.0, 20.0]), atol=1e-6)
+
+
+def test_bench_lane_readout_reports_the_readouts_error():
+    """``bench.py lane-readout`` on a tiny held-out set: the readout's error against the facts and
+    the lane facet it gives; a bad preset is one clear error."""
+    from script_loader import load_script
+
+    bench = load_script("bench")
+    out = bench.main(["lane-readout", "--towns", "grid", "--densities", "regular", "--drivers",
+                      "perturbed", "--steps", "80", "--every", "2"])
+    assert out["what"] == "lane-readout" and out["rows"] > 20 and out["valid"] == 1.0
+    assert out["mae_m"] < 0.15 and out["p90_m"] < 0.3 and out["pixel_m"] == pytest.approx(0.4)
+    assert out["facet_accuracy"] >= out["facet_majority"]
+    assert sum(b["n"] for b in out["by_offset_m"].values()) == out["rows"]
+    with pytest.raises(SystemExit, match="unknown bev preset 'nano'.*cpu"):
+        bench.main(["lane-readout", "--bev", "nano", "--steps", "2"])
