@@ -83,6 +83,7 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
     python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
     python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed.pt   # BEV-CLIP's speed tower
+    python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed_lane.pt   # + the lane readout
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
