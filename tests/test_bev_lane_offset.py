@@ -237,3 +237,12 @@ def test_bench_lane_readout_reports_the_readouts_error():
     assert sum(b["n"] for b in out["by_offset_m"].values()) == out["rows"]
     with pytest.raises(SystemExit, match="unknown bev preset 'nano'.*cpu"):
         bench.main(["lane-readout", "--bev", "nano", "--steps", "2"])
+
+
+def test_train_script_refuses_a_lane_input_without_a_route_plane(capsys):
+    from script_loader import load_script
+
+    train = load_script("train_bev_clip")
+    with pytest.raises(SystemExit):
+        train.main(["--lane-input", "--channels", "road,lane,vehicle,walker,light", "--steps", "2"])
+    assert "--lane-input reads the BEV's route plane" in capsys.readouterr().err
