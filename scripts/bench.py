@@ -83,6 +83,7 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
     python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
     python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed.pt   # BEV-CLIP's speed tower
+    python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed_lane.pt   # + the lane readout
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
@@ -104,6 +105,15 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      default --vlm bev_clip, --weights-path picks another BEV-CLIP checkpoint; a speed tower
      (bev_clip_cpu_speed.pt) gets each frame's ego speed, its standstill twins speed 0. Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
+
+    python scripts/bench.py lane-readout [--steps 500 --bev cpu]
+
+lane-readout: how well the ego's lateral offset can be read from the BEV's pixels at all. The fixed
+     route-band readout (drivemind.bev.lane_offset: the route band's centre near the ego's row,
+     a line fitted over rows) on reward-quality's held-out set (same towns, seeds, drivers and
+     rows), against the lateral_offset fact: mae_m, median / p90 error, the caption lane facet's
+     accuracy it would give (centre < 0.5 m, drifting < 1.5 m, leaving) against the majority
+     answer, and both per |offset| band and for frames parallel to the route (|heading| < 0.02).
 
     python scripts/bench.py distill [--lora-steps 1500 --eval-every 300 --set lora_rank=8]
 
@@ -937,6 +947,55 @@ def bench_reward_quality(args) -> dict:
     return _finite_json(out)
 
 
+def bench_lane_readout(args) -> dict:
+    import numpy as np
+
+    from drivemind.bev.lane_offset import RouteOffsetReadout
+    from drivemind.evaluation.reward_quality import HeldoutConfig, collect
+    from drivemind.vlm.captions import situation
+
+    split = (lambda s: tuple(x.strip() for x in s.split(",") if x.strip()))
+    try:
+        cfg = HeldoutConfig(towns=split(args.towns), densities=split(args.densities),
+                            drivers=split(args.drivers), steps=args.steps, every=args.every,
+                            seed=args.seed, bev=args.bev)
+        readout = RouteOffsetReadout(args.bev)
+    except ValueError as e:
+        raise SystemExit(f"lane-readout: {e}") from None
+    t0 = time.perf_counter()
+    data = collect(cfg, embed=lambda bev: readout.features(bev).numpy())  # the frames' readouts
+    t_collect = time.perf_counter() - t0
+    got, valid = data.embedding[:, 0].astype(np.float64), data.embedding[:, 2] > 0
+    true, head = data.facts["lateral_offset"], data.facts["heading_error"]
+    err = np.abs(got - true)
+
+    def lane(x):
+        return np.array([situation({"lateral_offset": float(v)})["lane"] for v in x])
+
+    lt, lg = lane(true), lane(got)
+    _, counts = np.unique(lt, return_counts=True)
+
+    def summary(sel):
+        n = int(sel.sum())
+        return {"n": n, "mae_m": float(err[sel].mean()) if n else None,
+                "facet_accuracy": float((lt[sel] == lg[sel]).mean()) if n else None}
+
+    bands = {}
+    for lo, hi in ((0, .3), (.3, .5), (.5, .7), (.7, 1), (1, 1.5), (1.5, 2.5), (2.5, np.inf)):
+        bands[f"{lo}-{hi}"] = summary((np.abs(true) >= lo) & (np.abs(true) < hi))
+    per_class = {k: summary(lt == k) for k in sorted(set(lt))}
+    out = {"what": "lane-readout", "bev": args.bev, "rows": len(data), "valid": float(valid.mean()),
+           "mae_m": float(err.mean()), "median_m": float(np.median(err)),
+           "p90_m": float(np.percentile(err, 90)), "bias_m": float((got - true).mean()),
+           "facet_accuracy": float((lt == lg).mean()), "facet_majority": float(counts.max() / len(lt)),
+           "parallel": summary(np.abs(head) < 0.02), "oblique": summary(np.abs(head) >= 0.02),
+           "by_offset_m": bands, "by_lane": per_class,
+           "pixel_m": 1.0 / readout.ppm, "set": data.meta, "collect_s": round(t_collect, 1),
+           "seconds": round(time.perf_counter() - t0, 1)}
+    out.update(machine())
+    return _finite_json(out)
+
+
 def bench_distill(args) -> dict:
     import torch
     import yaml
@@ -1144,6 +1203,15 @@ def main(argv=None):
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
+    p = sub.add_parser("lane-readout", help="the fixed route-band readout of the ego's lateral offset "
+                                            "vs the lateral_offset fact on reward-quality's held-out set")
+    p.add_argument("--towns", default="Town01,Town03,Town05,grid")
+    p.add_argument("--densities", default="regular,dense,drivevlm")
+    p.add_argument("--drivers", default="expert,perturbed,random")
+    p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
+    p.add_argument("--every", type=int, default=4)
+    p.add_argument("--seed", type=int, default=10_000)
+    p.add_argument("--bev", default="cpu", help="BEV preset (cpu 2.5 px/m, roach 5 px/m, paper 5.8 px/m)")
     p = sub.add_parser("distill", help="prompt distillation: a student_smolvlm distilled online from the "
                                        "privileged teacher, parse rate and agreement on held-out scenes")
     p.add_argument("--towns", default="grid,curves,avenue")
@@ -1173,7 +1241,8 @@ def main(argv=None):
               "train": bench_train, "reward": bench_reward, "learn": bench_learn,
               "side-by-side": bench_side_by_side,
               "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive,
-              "reward-quality": bench_reward_quality, "distill": bench_distill}[args.what](args)
+              "reward-quality": bench_reward_quality, "distill": bench_distill,
+              "lane-readout": bench_lane_readout}[args.what](args)
     print(json.dumps(result))
     return result
 

@@ -20,10 +20,14 @@ view; ``--channels`` / ``--history`` change the planes) and the default output i
     python scripts/train_bev_clip.py --bev paper --threads 1  # ~/.cache/drivemind/bev_clip_paper.pt
     python scripts/train_bev_clip.py --steps 200 --epochs 1 --out /tmp/bev_clip.pt   # smoke run
     python scripts/train_bev_clip.py --speed-input --threads 1  # ~/.cache/drivemind/bev_clip_cpu_speed.pt
+    python scripts/train_bev_clip.py --speed-input --lane-input --threads 1  # .../bev_clip_cpu_speed_lane.pt
 
 ``--speed-input`` trains the opt-in tower that also reads the ego's measured speed (each frame's
 ``speed_kmh`` fact: the car's speedometer, a measurement as Roach gives its policy beside the BEV)
 and writes ``bev_clip_<preset>_speed.pt``; the default tower and file are untouched.
+``--lane-input`` adds the fixed route-band readout of each frame's own BEV (drivemind.bev.lane_offset:
+the ego's lateral offset from the route read from the route plane's pixels, no ground truth) as a
+second input (``..._lane.pt``, e.g. ``bev_clip_cpu_speed_lane.pt`` with ``--speed-input``).
 """
 
 from __future__ import annotations
@@ -90,6 +94,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--speed-input", action="store_true",
                     help="train the speed tower: the ego's measured speed (km/h) is an input beside "
                          "the BEV (default out: bev_clip_<preset>_speed.pt)")
+    ap.add_argument("--lane-input", action="store_true",
+                    help="the tower also reads the route-band lateral readout of its BEV "
+                         "(drivemind.bev.lane_offset; default out: bev_clip_<preset>[_speed]_lane.pt)")
     ap.add_argument("--canonical", action="store_true",
                     help="train on the canonical caption wording (default: paraphrases)")
     ap.add_argument("--reward-configs", default=str(REPO / "configs" / "reward"),
@@ -109,7 +116,10 @@ def main(argv=None) -> dict:
             raise ValueError(f"--drivers: unknown {bad or drivers}; valid: {', '.join(DRIVERS)}")
     except ValueError as e:
         ap.error(str(e))
-    out_path = args.out or str(default_weights_path(bev.shape, speed=args.speed_input))
+    if args.lane_input and "route" not in bev.channels:
+        ap.error(f"--lane-input reads the BEV's route plane; --channels {','.join(bev.channels)} lacks 'route'")
+    out_path = args.out or str(default_weights_path(bev.shape, speed=args.speed_input,
+                                                    lane=args.lane_input))
 
     import torch
     from tqdm.auto import tqdm
@@ -154,6 +164,7 @@ def main(argv=None) -> dict:
                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         seed=args.seed, channel_names=bev.channel_names(), progress=True,
                         speed_kmh=None if speed is None else speed[tr],
+                        lane_input=args.lane_input, lane_bev=bev.to_dict() if args.lane_input else None,
                         log=lambda ep, parts: print(f"epoch {ep}: " + ", ".join(
                             f"{k} {v:.3f}" for k, v in parts.items()), file=sys.stderr))
     n_params = sum(p.numel() for p in model.parameters())
@@ -170,11 +181,14 @@ def main(argv=None) -> dict:
                      frames=int(len(data)), heldout=hr, heldout_measures=_plain(held),
                      seed=args.seed, bev=bev.to_dict(), epochs=args.epochs, steps=args.steps,
                      every=args.every, speed_input=bool(args.speed_input),
+                     lane_input=bool(args.lane_input),
                      recipe="multi-family v2 (drivemind.vlm.bev_clip_train)"
-                            + (" + ego speed input" if args.speed_input else ""))
+                            + (" + ego speed input" if args.speed_input else "")
+                            + (" + route-band lane readout" if args.lane_input else ""))
     common = Counter(canon[i] for i in va).most_common(1)[0][0]
     res = {"out": str(out), "bev_shape": list(bev.shape),
            "stem_stride": model.config["stem_stride"], "speed_input": bool(args.speed_input),
+           "lane_input": bool(args.lane_input),
            "params": int(n_params),
            "weights_bytes": os.path.getsize(out), "frames": int(len(data)),
            "train_frames": int(len(tr)), "heldout_frames": int(len(va)),

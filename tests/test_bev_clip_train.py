@@ -139,6 +139,23 @@ def test_tiny_speed_tower_run_is_deterministic(frames, text):
         train_multi(frames.frames, t, text, **{**kw, "speed_kmh": v[:5]})
 
 
+def test_tiny_lane_tower_run_is_deterministic(frames, text):
+    """``train_multi(lane_input=True)`` (``train_bev_clip.py --lane-input``): the tower reads the
+    route-band readout of each frame's own BEV (nothing else passed), the same tensors twice."""
+    from drivemind.vlm.bev_clip_train import evaluate, train_multi
+
+    t = frame_targets(frames.infos, frames.polarity, np.random.default_rng(0))
+    safe, danger = polarity_prompts()
+    v = np.array([i["speed_kmh"] for i in frames.infos])
+    kw = dict(safe=safe, danger=danger, epochs=1, batch_size=32, seed=3, speed_kmh=v, lane_input=True)
+    m1, m2 = train_multi(frames.frames, t, text, **kw), train_multi(frames.frames, t, text, **kw)
+    assert m1.reads_lane and m1.reads_speed and "lane.0.weight" in m1.state_dict()
+    for k, val in m1.state_dict().items():
+        assert torch.equal(val, m2.state_dict()[k]), k
+    res = evaluate(m1, frames.frames, t, t["scene_canonical"], text, speed_kmh=v)
+    assert 0.0 <= res["retrieval"]["accuracy"] <= 1.0
+
+
 def test_shipped_tower_was_measured_on_heldout_segments(monkeypatch, tmp_path):
     """The shipped cpu checkpoint records how its training run scored held-out segments: danger
     frames rank above safe ones for the static prompts and Found-RL's actions beat chance."""

@@ -31,9 +31,13 @@ FORMAT = "drivemind.bev_clip"
 VERSION = 1
 DEFAULT_NAME = "bev_clip_cpu.pt"  # the 15 x 96 x 96 ``cpu`` preset's checkpoint (shipped)
 SPEED_NAME = "bev_clip_cpu_speed.pt"  # the opt-in tower that also reads the ego's speed (shipped)
+LANE_NAME = "bev_clip_cpu_speed_lane.pt"  # opt-in: speed + the route-band lateral readout of the BEV
 TRAIN_CMD = "python scripts/train_bev_clip.py"
 SPEED_MAX_KMH = 120.0  # speeds are clipped here before the Fourier features
 SPEED_FREQS = 6  # sin / cos of 2^k * pi * v / SPEED_MAX_KMH for k < SPEED_FREQS
+LANE_MAX_M = 3.0  # lateral readouts are clipped here (the env ends an episode at 3 m)
+LANE_FREQS = 4  # sin / cos of 2^k * pi * lat / LANE_MAX_M for k < LANE_FREQS
+LANE_NF = 2 + 2 * LANE_FREQS + 2  # lane_features' width
 
 
 def speed_features(speed_kmh) -> torch.Tensor:
@@ -48,6 +52,16 @@ def speed_features(speed_kmh) -> torch.Tensor:
     ang = x[:, None] * (math.pi * 2.0 ** torch.arange(SPEED_FREQS, dtype=torch.float32))[None]
     return torch.cat([x[:, None], (torch.log1p(v) / math.log1p(SPEED_MAX_KMH))[:, None],
                       torch.sin(ang), torch.cos(ang)], 1)
+
+
+def lane_features(readout: torch.Tensor) -> torch.Tensor:
+    """The route-band readout (:class:`drivemind.bev.lane_offset.RouteOffsetReadout`: (N, 3)
+    ``lateral_m, slope, valid``) -> (N, LANE_NF) float features: lat / max, |lat| / max, sin / cos
+    of 2^k pi lat / max (lat clipped to +-LANE_MAX_M), the slope (clipped to +-1) and ``valid``."""
+    lat = readout[:, 0].clamp(-LANE_MAX_M, LANE_MAX_M) / LANE_MAX_M
+    ang = lat[:, None] * (math.pi * 2.0 ** torch.arange(LANE_FREQS, dtype=torch.float32))[None]
+    return torch.cat([lat[:, None], lat.abs()[:, None], torch.sin(ang), torch.cos(ang),
+                      readout[:, 1:2].clamp(-1.0, 1.0), readout[:, 2:3]], 1)
 
 
 def _norm_shape(bev_shape) -> tuple[int, int, int]:
@@ -70,19 +84,21 @@ def _preset_for(shape: tuple[int, int, int]) -> str | None:
     return None
 
 
-def weights_name(bev_shape=None, speed: bool = False) -> str:
+def weights_name(bev_shape=None, speed: bool = False, lane: bool = False) -> str:
     """Checkpoint file name for a BEV shape (C, H, W): ``bev_clip_<preset>.pt`` when the shape is a
     preset's (``cpu`` 15x96x96, ``roach`` 15x192x192, ``paper`` 15x224x224), else
     ``bev_clip_<C>x<H>x<W>.pt``. ``None``: the default ``bev_clip_cpu.pt``. ``speed``: the name of
     the opt-in tower that also reads the ego's speed (``..._speed.pt``, e.g.
-    ``bev_clip_cpu_speed.pt``); no default ever loads it."""
+    ``bev_clip_cpu_speed.pt``); ``lane``: the opt-in tower that also reads the route-band lateral
+    readout of its BEV (``..._lane.pt``, e.g. ``bev_clip_cpu_speed_lane.pt``); no default ever
+    loads either."""
     if bev_shape is None:
         name = DEFAULT_NAME
     else:
         shape = _norm_shape(bev_shape)
         preset = _preset_for(shape)
         name = f"bev_clip_{preset}.pt" if preset else "bev_clip_{}x{}x{}.pt".format(*shape)
-    return name[:-3] + "_speed.pt" if speed else name
+    return name[:-3] + ("_speed" if speed else "") + ("_lane" if lane else "") + ".pt"
 
 
 def train_command(bev_shape=None) -> str:
@@ -118,10 +134,10 @@ def _train_note(bev_shape) -> str:
     return f" (--bev {h} is Roach's 38.4 m view at {h} px{planes}; it must match your env's BEV)"
 
 
-def default_weights_path(bev_shape=None, speed: bool = False) -> Path:
+def default_weights_path(bev_shape=None, speed: bool = False, lane: bool = False) -> Path:
     """Where the training script writes the checkpoint for ``bev_shape`` by default (``speed``:
-    the speed tower's, ``--speed-input``)."""
-    return cache_dir() / weights_name(bev_shape, speed=speed)
+    the speed tower's, ``--speed-input``; ``lane``: the lane readout's, ``--lane-input``)."""
+    return cache_dir() / weights_name(bev_shape, speed=speed, lane=lane)
 
 
 PACKAGE_WEIGHTS = Path(__file__).resolve().parent / "weights"  # the shipped checkpoints
@@ -160,7 +176,8 @@ def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
         f"BEV-CLIP weights {p.name!r}{what} not found; looked at: "
         f"{', '.join(str(t) for t in tried)} (checkpoints there: {', '.join(have) or 'none'}). "
         f"Train them once with `{train_command(bev_shape)}"
-        f"{' --speed-input' if p.name.endswith('_speed.pt') else ''}`{_train_note(bev_shape)} (writes "
+        f"{' --speed-input' if p.name.endswith(('_speed.pt', '_speed_lane.pt')) else ''}"
+        f"{' --lane-input' if p.name.endswith('_lane.pt') else ''}`{_train_note(bev_shape)} (writes "
         f"{out}; CPU minutes), "
         f"or pass the path of an existing checkpoint.")
 
@@ -172,12 +189,38 @@ def default_stem_stride(size: int) -> int:
     return 2 * max(1, round(int(size) / 96))
 
 
+def _lane_readout(in_channels: int, size: int, channel_names, lane_bev):
+    """The route-band readout of a lane tower's BEV: ``lane_bev`` (a BevConfig dict) or, without
+    one, the preset of that shape (else Roach's 38.4 m view at ``size`` px). One ValueError when
+    the BEV has no route plane or another shape."""
+    from ..bev import BEV_PRESETS, BevConfig
+    from ..bev.lane_offset import RouteOffsetReadout
+
+    if lane_bev is not None:
+        cfg = BevConfig.from_dict(dict(lane_bev))
+    else:
+        preset = _preset_for((int(in_channels), int(size), int(size)))
+        cfg = BEV_PRESETS[preset] if preset else BevConfig().scaled(int(size))
+    if cfg.shape != (int(in_channels), int(size), int(size)):
+        raise ValueError(f"lane_input: the BEV config {cfg.shape} does not match the tower's "
+                         f"({in_channels}, {size}, {size}); pass lane_bev= the BevConfig of its BEV")
+    if channel_names and list(channel_names) != cfg.channel_names():
+        raise ValueError(f"lane_input: the tower's planes {list(channel_names)} are not its BEV "
+                         f"config's {cfg.channel_names()}; pass lane_bev= the BevConfig of its BEV")
+    return RouteOffsetReadout(cfg), cfg
+
+
 class BevClip(nn.Module):
-    """Small CNN on uint8 BEV masks -> 384-d unit embedding; learnable CLIP temperature."""
+    """Small CNN on uint8 BEV masks -> 384-d unit embedding; learnable CLIP temperature.
+    ``speed_input``: the ego's measured speed is an input beside the BEV; ``lane_input``: so is the
+    fixed route-band readout of the BEV's own route plane (:mod:`drivemind.bev.lane_offset`: the
+    ego's lateral offset from the route, a function of the pixels only), computed inside the
+    tower, so callers give nothing more. Both are fused into the hidden layer."""
 
     def __init__(self, in_channels: int = 15, size: int = 96, dim: int = TEXT_DIM,
                  width: int = 32, hidden: int = 256, channel_names=None,
-                 stem_stride: int | None = None, speed_input: bool = False):
+                 stem_stride: int | None = None, speed_input: bool = False,
+                 lane_input: bool = False, lane_bev: dict | None = None):
         super().__init__()
         stride = default_stem_stride(size) if stem_stride is None else int(stem_stride)
         if stride < 1:
@@ -186,6 +229,10 @@ class BevClip(nn.Module):
                            width=int(width), hidden=int(hidden),
                            channel_names=list(channel_names) if channel_names else None,
                            stem_stride=stride, speed_input=bool(speed_input))
+        self.lane_readout = None
+        if lane_input:  # only lane towers carry the keys: older checkpoints' configs stay as they were
+            self.lane_readout, lane_cfg = _lane_readout(in_channels, size, channel_names, lane_bev)
+            self.config.update(lane_input=True, lane_bev=lane_cfg.to_dict())
         w = int(width)
         k = max(5, stride + 1)  # the stem kernel always overlaps its neighbours (5x5 at stride 2, 4)
         self.features = nn.Sequential(
@@ -200,6 +247,8 @@ class BevClip(nn.Module):
         if speed_input:  # the ego's speed (a measurement, as Roach's) added to the hidden layer
             nf = 2 + 2 * SPEED_FREQS
             self.speed = nn.Sequential(nn.Linear(nf, 64), nn.ReLU(inplace=True), nn.Linear(64, hidden))
+        if lane_input:  # the route-band lateral readout of the BEV, added to the hidden layer
+            self.lane = nn.Sequential(nn.Linear(LANE_NF, 64), nn.ReLU(inplace=True), nn.Linear(64, hidden))
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
 
     @property
@@ -207,6 +256,12 @@ class BevClip(nn.Module):
         """Whether this tower reads the ego's measured speed beside the BEV (``speed_input``):
         ``embed`` / ``forward`` then need ``speed_kmh``."""
         return bool(self.config.get("speed_input"))
+
+    @property
+    def reads_lane(self) -> bool:
+        """Whether this tower also reads the route-band lateral readout of its BEV
+        (``lane_input``; computed from the BEV inside the tower: callers pass nothing more)."""
+        return self.lane_readout is not None
 
     @property
     def bev_shape(self) -> tuple[int, int, int]:
@@ -240,13 +295,22 @@ class BevClip(nn.Module):
     def forward(self, x: torch.Tensor, speed_kmh=None) -> torch.Tensor:
         """BEV masks (uint8 or float in [0, 1]) -> unit embeddings; a speed tower needs
         ``speed_kmh`` (N,) in km/h."""
+        lane = None
+        if self.lane_readout is not None:  # read before scaling: a pixel is set when > 0
+            if tuple(x.shape[1:]) != self.bev_shape:
+                self._check_shape(x.shape[1:])
+            lane = lane_features(self.lane_readout.features(x.detach().cpu()))
         if x.dtype == torch.uint8:
             x = x.float() / 255.0
         v = self._need_speed(speed_kmh, len(x))
-        if v is None:
+        if v is None and lane is None:
             return F.normalize(self.head(self.features(x)), dim=-1)
         flat, lin1, act, lin2 = self.head
-        h = lin1(flat(self.features(x))) + self.speed(speed_features(v).to(x.device))
+        h = lin1(flat(self.features(x)))
+        if v is not None:
+            h = h + self.speed(speed_features(v).to(x.device))
+        if lane is not None:
+            h = h + self.lane(lane.to(x.device))
         return F.normalize(lin2(act(h)), dim=-1)
 
     def _check_shape(self, shape) -> None:
@@ -310,6 +374,7 @@ class BevClip(nn.Module):
         cfg = dict(ck["config"])
         cfg.setdefault("stem_stride", 2)  # checkpoints written before the option had a stride-2 stem
         cfg.setdefault("speed_input", False)  # and no speed input
+        cfg.setdefault("lane_input", False)  # nor lane readout
         model = cls(**cfg)
         model.load_state_dict(ck["state_dict"])
         model.meta = ck.get("meta", {})

@@ -128,13 +128,15 @@ def _batch_loss(model: BevClip, x: torch.Tensor, b: np.ndarray, t: _Texts, targe
 def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: int = 6,
                 batch_size: int = 128, lr: float = 2e-3, weight_decay: float = 1e-4, seed: int = 0,
                 danger_repeat: int = 4, channel_names=None, weights: dict | None = None, progress: bool = False,
-                log=None, speed_kmh=None) -> BevClip:
+                log=None, speed_kmh=None, lane_input: bool = False, lane_bev: dict | None = None) -> BevClip:
     """Fit a BevClip on uint8 frames (N, C, H, W) and their ``targets``
     (:func:`drivemind.vlm.supervision.frame_targets`) with the losses of the module docstring.
     Danger frames (polarity -1) appear ``danger_repeat`` times per epoch (they are few).
     ``speed_kmh`` (N,): the ego's measured speed of each frame; given, the tower is a speed tower
     (``BevClip(speed_input=True)``: the speed fused into its hidden layer), else image-only.
-    Deterministic for a seed (one torch thread)."""
+    ``lane_input``: the tower also reads the route-band lateral readout of each frame
+    (``BevClip(lane_input=True)``, computed from the frame's own route plane; ``lane_bev``: the
+    frames' BevConfig as a dict, default the preset of their shape). Deterministic for a seed (one torch thread)."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.dtype != np.uint8:
         raise ValueError(f"frames must be uint8 (N, C, H, W), got {frames.dtype} {frames.shape}")
@@ -151,7 +153,7 @@ def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: in
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = BevClip(in_channels=c, size=h, channel_names=channel_names,
-                    speed_input=speed_kmh is not None)
+                    speed_input=speed_kmh is not None, lane_input=lane_input, lane_bev=lane_bev)
     texts = _Texts(targets, safe, danger, text_encoder)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     pool = np.concatenate([np.arange(n)] + [np.flatnonzero(np.asarray(targets["polarity"]) < 0)]
