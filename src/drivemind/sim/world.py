@@ -66,6 +66,8 @@ class LiteWorld:
         tp = self.cfg.traffic
         tab = traffic_tables(roadmap, tp)
         self.conflict = tab["conflict"]
+        self._release = tp.junction_release == "crossing"
+        self.clear = tab["clear"] if self._release else np.zeros((1, 1))
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
         # any lane with a neighbour of its own direction (else no lane changes to consider)
@@ -415,6 +417,7 @@ class LiteWorld:
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
+                self.clear, self._release, tp.release_margin,
             )
         if n:
             m = float(self.v_stuck.max())
