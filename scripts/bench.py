@@ -9,7 +9,9 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      traffic flowed (mean NPC speed, share of NPCs stopped at the end, npc_max_stuck_s: the
      longest standing time of a vehicle not at a red light, npc_respawns: vehicles moved by the
      last-resort respawn after traffic.stuck_respawn seconds, npc_wait_cycles: waits-for cycles
-     (deadlocks) found and broken).
+     (deadlocks) found and broken). --traffic KEY=VALUE (repeatable) sets a sim.traffic setting
+     (src/drivemind/sim/config.py: TrafficParams), e.g. --traffic junction_release=connector for
+     the junction rule from before; the JSON echoes them as "traffic".
 
     python scripts/bench.py env --town Town02 --density regular --seconds 300
 
@@ -158,14 +160,28 @@ def pin_one_core() -> bool:
         return False
 
 
+def traffic_overrides(args) -> dict:
+    """--traffic KEY=VALUE (repeatable) as a dict of sim.traffic settings (values read as YAML)."""
+    import yaml
+
+    out = {}
+    for item in getattr(args, "traffic", None) or []:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--traffic takes KEY=VALUE (a sim.traffic setting), got {item!r}")
+        out[key] = yaml.safe_load(val)
+    return out
+
+
 def bench_sim(args) -> dict:
     from drivemind.maps import load_town
-    from drivemind.sim import density_config
+    from drivemind.sim import SimConfig, density_config
     from drivemind.sim.autopilot import autopilot_episode
 
     pinned = pin_one_core() if args.cores == 1 else False
     rm = load_town(args.town)
-    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density), args.seed)
+    base = SimConfig.from_dict({"traffic": traffic_overrides(args)})
+    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density, base=base), args.seed)
     route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
         snap = world.step(pilot.act(snap))
@@ -189,6 +205,7 @@ def bench_sim(args) -> dict:
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,
+        "traffic": traffic_overrides(args),
         "simulated_s": round(steps * world.cfg.dt, 1), "steps": steps,
         "steps_per_s": round(steps / t_world, 1),
         "steps_per_s_with_autopilot": round(steps / t_all, 1),
@@ -281,7 +298,9 @@ def bench_autopilot(args) -> dict:
 
     import drivemind  # noqa: F401
 
-    env = gym.make("DriveMind-v0", town=args.town, density=args.density, mode="eval", bev="cpu")
+    traffic = traffic_overrides(args)
+    env = gym.make("DriveMind-v0", town=args.town, density=args.density, mode="eval", bev="cpu",
+                   **({"sim": {"traffic": traffic}} if traffic else {}))
     u = env.unwrapped
     n = len(u.eval_route_list)
     rows = []
@@ -309,6 +328,7 @@ def bench_autopilot(args) -> dict:
     env.close()
     done = sum(r["end"] == "arrived" for r in rows)
     return {"what": "autopilot", "town": u.map.name, "density": args.density, "routes": n,
+            "traffic": traffic,
             "route_completion": round(done / n, 3),
             "collisions": sum(r["collisions"] for r in rows),
             "collisions_caused": sum(r["collisions_caused"] for r in rows),
@@ -1022,7 +1042,9 @@ def main(argv=None):
         p.add_argument("--cores", type=int, default=1, help="1 pins the process to one core")
         return p
 
-    timed("sim", "embedded simulator world steps/s and background collisions", "dense", 600.0)
+    s = timed("sim", "embedded simulator world steps/s and background collisions", "dense", 600.0)
+    s.add_argument("--traffic", action="append", metavar="KEY=VALUE",
+                   help="a sim.traffic setting (repeatable), e.g. junction_release=connector")
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
@@ -1030,6 +1052,8 @@ def main(argv=None):
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")
     p.add_argument("--max-steps", type=int, default=20000, help="step limit per route")
+    p.add_argument("--traffic", action="append", metavar="KEY=VALUE",
+                   help="a sim.traffic setting (repeatable), e.g. junction_release=connector")
     p = sub.add_parser("train", help="SAC env steps/s with gradient steps, ours vs stock SB3, and "
                                      "replay bytes per transition")
     p.add_argument("--town", default="grid")

@@ -351,6 +351,29 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
     assert (run / "eval" / "grid-regular" / "metrics.json").stat().st_mtime_ns == before
 
 
+# Settings added after the study began -> the value that gives the behaviour from before. The archived
+# runs' configs predate them (so they lack the keys); the study configs pin exactly these values, so
+# that experiment=study_* still trains and evaluates in the same world
+# (tests/test_junction_release.py checks that the value reproduces the traffic from before).
+ADDED_AFTER_THE_STUDY_BEGAN = {
+    "sim.traffic.junction_release": "connector",  # docs/simulator.md, "Junction reservations"
+}
+
+
+def test_the_study_configs_pin_the_settings_added_after_the_study_began():
+    from drivemind.envs.driving_env import _sim_config
+    from drivemind.training.build import env_kwargs
+
+    for name in ("table1", "ppo", "ablation"):
+        cfg = flatten(resolved(f"experiment=study_{name}"))
+        for key, old in ADDED_AFTER_THE_STUDY_BEGAN.items():
+            assert cfg.get(key, "<absent>") == old, f"experiment=study_{name} must pin {key}={old}"
+        # ... and the pin reaches the world the study's env builds
+        sim = _sim_config("regular", env_kwargs(resolved(f"experiment=study_{name}"))["sim"])
+        assert sim.traffic.junction_release == "connector"
+    assert flatten(resolved()).get("sim.traffic.junction_release", "<absent>") == "<absent>"
+
+
 def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
     """The study is run in batches over many sessions, so its settings must not drift: composing
     ``experiment=study_<name>`` with an archived run's reward, ablation and seed gives that run's
@@ -369,6 +392,9 @@ def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
             overrides.append(f"reward.ablate={old['reward']['ablate']}")
         new = flatten(resolved(*overrides))
         old = flatten(old)
+        for key, value in ADDED_AFTER_THE_STUDY_BEGAN.items():  # pinned, checked above
+            if key not in old and new.get(key) == value:
+                del new[key]
         drift = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in old.keys() | new.keys()
                  if not k.startswith("logger.") and old.get(k, "<absent>") != new.get(k, "<absent>")}
         assert not drift, f"{path.parent.name}: the study's settings changed since it ran: {drift}"
