@@ -362,7 +362,11 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
 
 def test_the_study_configs_pin_the_settings_added_after_the_study_began():
     from drivemind.envs.driving_env import _sim_config
+    from drivemind.sim.config import STUDY_TRAFFIC
     from drivemind.training.build import env_kwargs
+
+    # the same map drives the evaluation of study runs trained before a setting existed
+    assert {f"sim.traffic.{k}": v for k, v in STUDY_TRAFFIC.items()} == ADDED_AFTER_THE_STUDY_BEGAN
 
     for name in ("table1", "ppo", "ablation"):
         cfg = flatten(resolved(f"experiment=study_{name}"))
@@ -464,3 +468,28 @@ def test_a_run_stopped_by_a_signal_is_incomplete_not_averaged(real_run, tmp_path
     assert row(rep, "chen-sac", *T2)["seeds"] == [0, 2]
     todo, _, bad = load_script("study").plan(find_runs([tmp_path]))
     assert [r["name"] for r in bad] == ["1-chen-s1"]
+
+
+def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world(real_run, tmp_path,
+                                                                                monkeypatch):
+    """A study run trained before a setting of ADDED_AFTER_THE_STUDY_BEGAN existed (its config
+    lacks it) is evaluated with the old value; a run whose config sets it keeps its own; a run
+    outside the study gets the default."""
+    import drivemind.evaluation as ev
+
+    real_evaluate, seen = ev.evaluate, []
+
+    def recording(*a, **kw):
+        seen.append(kw["env_kwargs"]["sim"])
+        return real_evaluate(*a, **kw)
+
+    monkeypatch.setattr(ev, "evaluate", recording)
+    for name, extra in (("old", {"study": {"name": "table1"}}),
+                        ("own", {"study": {"name": "table1"},
+                                 "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
+                        ("plain", {})):
+        run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
+        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+        evaluate_run(run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5)
+    traffic = [((s or {}).get("traffic") or {}).get("junction_release") for s in seen]
+    assert traffic == ["connector", "crossing", None]

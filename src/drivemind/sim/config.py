@@ -79,6 +79,13 @@ class TrafficParams:
     #                                     respawned elsewhere (SUMO's teleport); None: never
 
 
+# Settings added to TrafficParams after the study of docs/results.md began, at the values that give
+# the traffic from before them. The study configs (configs/experiment/study_*.yaml) pin exactly
+# these, and a study run trained before they existed (its config lacks them) is evaluated with them
+# (training/evaluate.py), so that every study run trains and is evaluated in the same world.
+STUDY_TRAFFIC = {"junction_release": "connector"}
+
+
 @dataclass(frozen=True)
 class SimConfig:
     dt: float = 0.1
