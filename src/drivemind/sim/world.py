@@ -6,10 +6,10 @@
 
 Ego: kinematic bicycle. Background vehicles (cars, motorcycles, bicycles): IDM along lane paths
 with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, junction
-reservations (a connector is entered only when no conflicting connector is occupied or reserved
-and the exit has room; long waiters are not starved), traffic lights that give one incoming road
-green at a time, and as a last resort a respawn of a vehicle standing too long. Walkers cross at
-junctions and mid-block with gap acceptance. The same seed gives the same trajectories.
+reservations (a connector is entered only when no conflicting connector is reserved or occupied
+by a vehicle not yet past the crossing, and the exit has room; long waiters are not starved),
+traffic lights (two-phase, vehicle-actuated by default), and as a last resort a respawn of a
+vehicle standing too long. Walkers cross at junctions and mid-block with gap acceptance. The same seed gives the same trajectories.
 """
 
 from __future__ import annotations
