@@ -4,12 +4,17 @@
     python scripts/bench.py sim --town Town02 --density dense --seconds 600
 
 sim: the embedded simulator's world step (ego driven by the autopilot on random routes; only
-     world.step is timed, after a warm-up), pinned to one core by default. Reports steps_per_s,
+     world.step is timed, after a warm-up), pinned to one core by default. Reports steps_per_s
+     (wall clock), steps_per_cpu_s (the process's CPU time: meaningful on a loaded machine),
      npc_collisions (new contacts among background actors), actor counts, and how freely
      traffic flowed (mean NPC speed, share of NPCs stopped at the end, npc_max_stuck_s: the
      longest standing time of a vehicle not at a red light, npc_respawns: vehicles moved by the
      last-resort respawn after traffic.stuck_respawn seconds, npc_wait_cycles: waits-for cycles
-     (deadlocks) found and broken).
+     (deadlocks) found and broken). --traffic KEY=VALUE (repeatable) sets a sim.traffic setting
+     (src/drivemind/sim/config.py: TrafficParams), e.g. --traffic junction_release=connector for
+     the junction rule from before; the JSON echoes them as "traffic". --breakdown adds where
+     the NPCs' time goes ("breakdown": shares of vehicle-time moving, split by what limits the
+     speed, and standing, by what the queue waits for; mean speed by class; TrafficBreakdown).
 
     python scripts/bench.py env --town Town02 --density regular --seconds 300
 
@@ -168,39 +173,149 @@ def pin_one_core() -> bool:
         return False
 
 
+def traffic_overrides(args) -> dict:
+    """--traffic KEY=VALUE (repeatable) as a dict of sim.traffic settings (values read as YAML)."""
+    import yaml
+
+    out = {}
+    for item in getattr(args, "traffic", None) or []:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--traffic takes KEY=VALUE (a sim.traffic setting), got {item!r}")
+        out[key] = yaml.safe_load(val)
+    return out
+
+
+class TrafficBreakdown:
+    """Where the background vehicles' time goes (``bench.py sim --breakdown``), per vehicle and
+    step: moving (>= 0.3 m/s), split by what limits it (a curve: the lane's or the next lane's
+    curvature limit below 85% of the road's; an ungranted junction or red light ahead within 45 m;
+    a leader, and among those a bicycle; else free), or standing, followed along the waits-for
+    edges (``world.v_blocker``) to what the queue waits for: a red or yellow light, a junction
+    reservation kept from it by a vehicle in the junction, by one granted the way but not yet in
+    it, or by the room beyond the junction, or the ego or a walker."""
+
+    KINDS = ("moving_curve", "moving_to_stop_line", "moving_behind_bicycle", "moving_behind_other",
+             "moving_free", "standing_light", "standing_junction_occupied",
+             "standing_junction_granted", "standing_junction_room", "standing_ego_or_walker",
+             "standing_other")
+
+    def __init__(self, world):
+        self.w = world
+        self.count = dict.fromkeys(self.KINDS, 0)
+        self.moving_speed = 0.0
+        self.cls_speed: dict[int, list] = {}
+
+    def _junction_ahead(self, i):
+        path, jn = self.w.v_path[i], self.w.map.junction
+        return next((k for k in range(1, len(path)) if path[k] >= 0 and jn[path[k]] >= 0
+                     and jn[path[k - 1]] < 0), None)
+
+    def add(self):
+        from drivemind.sim import kernels as K
+        from drivemind.sim.snapshot import ActorClass
+
+        w = self.w
+        jn, length, tp = w.map.junction, w.map.length, w.cfg.traffic
+        for i in range(len(w.v_v)):
+            v, lane, b = float(w.v_v[i]), int(w.v_lane[i]), int(w.v_blocker[i])
+            self.cls_speed.setdefault(int(w.v_cls[i]), [0, 0.0])
+            self.cls_speed[int(w.v_cls[i])][0] += 1
+            self.cls_speed[int(w.v_cls[i])][1] += v
+            if v >= 0.3:
+                self.moving_speed += v
+                road = min(w.v_vfac[i] * tp.speed_limit_kmh / 3.6, w.v_vcap[i])
+                v0 = min(w.v_vfac[i] * w.lane_vmax[lane], w.v_vcap[i])
+                nxt = int(w.v_path[i, 1])
+                if nxt >= 0 and length[lane] - w.v_s[i] < 20.0:
+                    v0 = min(v0, w.v_vfac[i] * w.lane_vmax[nxt])
+                k = self._junction_ahead(i)
+                dstop = None
+                if k is not None and w.v_grant[i] != w.v_path[i, k]:
+                    dstop = length[lane] - w.v_s[i] + sum(length[w.v_path[i, q]] for q in range(1, k))
+                if v0 < 0.85 * road:
+                    kind = "moving_curve"
+                elif dstop is not None and dstop < 45.0:
+                    kind = "moving_to_stop_line"
+                elif b >= 0:
+                    kind = ("moving_behind_bicycle" if w.v_cls[b] == ActorClass.BICYCLE
+                            else "moving_behind_other")
+                else:
+                    kind = "moving_free"
+            else:
+                j, kind = i, "standing_other"
+                for _ in range(len(w.v_v)):  # along the waits-for edges
+                    bj = int(w.v_blocker[j])
+                    if bj == K.BLOCKED_LIGHT:
+                        kind = "standing_light"
+                        break
+                    if bj == K.BLOCKED_OTHER:
+                        kind = "standing_ego_or_walker"
+                        break
+                    if bj < 0:
+                        break
+                    k = self._junction_ahead(j)
+                    if k is None or jn[w.v_lane[j]] >= 0 or w.v_lane[bj] in w.v_path[j, :k]:
+                        j = bj  # a leader: what does it wait for?
+                        continue
+                    kind = ("standing_junction_occupied" if jn[w.v_lane[bj]] >= 0 else
+                            "standing_junction_granted" if w.v_grant[bj] >= 0 else
+                            "standing_junction_room")
+                    break
+            self.count[kind] += 1
+
+    def result(self) -> dict:
+        from drivemind.sim.snapshot import ActorClass
+
+        n = max(sum(self.count.values()), 1)
+        moving = sum(c for k, c in self.count.items() if k.startswith("moving"))
+        return {"shares": {k: round(c / n, 3) for k, c in self.count.items()},
+                "moving_share": round(moving / n, 3),
+                "moving_mean_speed_kmh": round(3.6 * self.moving_speed / max(moving, 1), 2),
+                "mean_speed_kmh_by_class": {ActorClass(c).name.lower(): round(3.6 * s / max(m, 1), 2)
+                                            for c, (m, s) in sorted(self.cls_speed.items())}}
+
+
 def bench_sim(args) -> dict:
     from drivemind.maps import load_town
-    from drivemind.sim import density_config
+    from drivemind.sim import SimConfig, density_config
     from drivemind.sim.autopilot import autopilot_episode
 
     pinned = pin_one_core() if args.cores == 1 else False
     rm = load_town(args.town)
-    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density), args.seed)
+    base = SimConfig.from_dict({"traffic": traffic_overrides(args)})
+    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density, base=base), args.seed)
     route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
         snap = world.step(pilot.act(snap))
     snap = world.reset(seed=args.seed, ego_pose=route.start)
     pilot.set_route(route)
     steps = int(round(args.seconds / world.cfg.dt))
-    t_world = 0.0
+    breakdown = TrafficBreakdown(world) if getattr(args, "breakdown", False) else None
+    t_world = c_world = 0.0
     npc_speed = 0.0
     ego_collisions = routes = 0
     t_all = time.perf_counter()
     for _ in range(steps):
         action = pilot.act(snap)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         snap = world.step(action)
         t_world += time.perf_counter() - t
+        c_world += time.process_time() - c
         ego_collisions += len(snap.collisions)
         npc_speed += float(world.v_v.mean()) if len(world.v_v) else 0.0
+        if breakdown is not None:
+            breakdown.add()
         if pilot.done:
             routes += 1
             pilot.new_route_from(rng, snap.ego.x, snap.ego.y)
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,
+        "traffic": traffic_overrides(args),
         "simulated_s": round(steps * world.cfg.dt, 1), "steps": steps,
         "steps_per_s": round(steps / t_world, 1),
+        "steps_per_cpu_s": round(steps / max(c_world, 1e-9), 1),
         "steps_per_s_with_autopilot": round(steps / t_all, 1),
         "npc_collisions": world.npc_collision_total,
         **world.spawned,
@@ -208,6 +323,7 @@ def bench_sim(args) -> dict:
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
         "npc_wait_cycles": world.npc_wait_cycles,
+        **({"breakdown": breakdown.result()} if breakdown is not None else {}),
         "ego_routes_completed": routes, "ego_collisions": ego_collisions,
         "one_core": pinned, **machine(),
     }
@@ -291,7 +407,9 @@ def bench_autopilot(args) -> dict:
 
     import drivemind  # noqa: F401
 
-    env = gym.make("DriveMind-v0", town=args.town, density=args.density, mode="eval", bev="cpu")
+    traffic = traffic_overrides(args)
+    env = gym.make("DriveMind-v0", town=args.town, density=args.density, mode="eval", bev="cpu",
+                   **({"sim": {"traffic": traffic}} if traffic else {}))
     u = env.unwrapped
     n = len(u.eval_route_list)
     rows = []
@@ -319,6 +437,7 @@ def bench_autopilot(args) -> dict:
     env.close()
     done = sum(r["end"] == "arrived" for r in rows)
     return {"what": "autopilot", "town": u.map.name, "density": args.density, "routes": n,
+            "traffic": traffic,
             "route_completion": round(done / n, 3),
             "collisions": sum(r["collisions"] for r in rows),
             "collisions_caused": sum(r["collisions_caused"] for r in rows),
@@ -1081,7 +1200,11 @@ def main(argv=None):
         p.add_argument("--cores", type=int, default=1, help="1 pins the process to one core")
         return p
 
-    timed("sim", "embedded simulator world steps/s and background collisions", "dense", 600.0)
+    s = timed("sim", "embedded simulator world steps/s and background collisions", "dense", 600.0)
+    s.add_argument("--traffic", action="append", metavar="KEY=VALUE",
+                   help="a sim.traffic setting (repeatable), e.g. junction_release=connector")
+    s.add_argument("--breakdown", action="store_true",
+                   help="also report where the NPCs' time goes (slow: a Python loop per step)")
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
@@ -1089,6 +1212,8 @@ def main(argv=None):
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")
     p.add_argument("--max-steps", type=int, default=20000, help="step limit per route")
+    p.add_argument("--traffic", action="append", metavar="KEY=VALUE",
+                   help="a sim.traffic setting (repeatable), e.g. junction_release=connector")
     p = sub.add_parser("train", help="SAC env steps/s with gradient steps, ours vs stock SB3, and "
                                      "replay bytes per transition")
     p.add_argument("--town", default="grid")

@@ -351,6 +351,33 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
     assert (run / "eval" / "grid-regular" / "metrics.json").stat().st_mtime_ns == before
 
 
+# Settings added after the study began -> the value that gives the behaviour from before. The archived
+# runs' configs predate them (so they lack the keys); the study configs pin exactly these values, so
+# that experiment=study_* still trains and evaluates in the same world
+# (tests/test_junction_release.py checks that the value reproduces the traffic from before).
+ADDED_AFTER_THE_STUDY_BEGAN = {
+    "sim.traffic.junction_release": "connector",  # docs/simulator.md, "Junction reservations"
+}
+
+
+def test_the_study_configs_pin_the_settings_added_after_the_study_began():
+    from drivemind.envs.driving_env import _sim_config
+    from drivemind.sim.config import STUDY_TRAFFIC
+    from drivemind.training.build import env_kwargs
+
+    # the same map drives the evaluation of study runs trained before a setting existed
+    assert {f"sim.traffic.{k}": v for k, v in STUDY_TRAFFIC.items()} == ADDED_AFTER_THE_STUDY_BEGAN
+
+    for name in ("table1", "ppo", "ablation"):
+        cfg = flatten(resolved(f"experiment=study_{name}"))
+        for key, old in ADDED_AFTER_THE_STUDY_BEGAN.items():
+            assert cfg.get(key, "<absent>") == old, f"experiment=study_{name} must pin {key}={old}"
+        # ... and the pin reaches the world the study's env builds
+        sim = _sim_config("regular", env_kwargs(resolved(f"experiment=study_{name}"))["sim"])
+        assert sim.traffic.junction_release == "connector"
+    assert flatten(resolved()).get("sim.traffic.junction_release", "<absent>") == "<absent>"
+
+
 def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
     """The study is run in batches over many sessions, so its settings must not drift: composing
     ``experiment=study_<name>`` with an archived run's reward, ablation and seed gives that run's
@@ -369,6 +396,9 @@ def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
             overrides.append(f"reward.ablate={old['reward']['ablate']}")
         new = flatten(resolved(*overrides))
         old = flatten(old)
+        for key, value in ADDED_AFTER_THE_STUDY_BEGAN.items():  # pinned, checked above
+            if key not in old and new.get(key) == value:
+                del new[key]
         drift = {k: (old.get(k, "<absent>"), new.get(k, "<absent>")) for k in old.keys() | new.keys()
                  if not k.startswith("logger.") and old.get(k, "<absent>") != new.get(k, "<absent>")}
         assert not drift, f"{path.parent.name}: the study's settings changed since it ran: {drift}"
@@ -438,3 +468,28 @@ def test_a_run_stopped_by_a_signal_is_incomplete_not_averaged(real_run, tmp_path
     assert row(rep, "chen-sac", *T2)["seeds"] == [0, 2]
     todo, _, bad = load_script("study").plan(find_runs([tmp_path]))
     assert [r["name"] for r in bad] == ["1-chen-s1"]
+
+
+def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world(real_run, tmp_path,
+                                                                                monkeypatch):
+    """A study run trained before a setting of ADDED_AFTER_THE_STUDY_BEGAN existed (its config
+    lacks it) is evaluated with the old value; a run whose config sets it keeps its own; a run
+    outside the study gets the default."""
+    import drivemind.evaluation as ev
+
+    real_evaluate, seen = ev.evaluate, []
+
+    def recording(*a, **kw):
+        seen.append(kw["env_kwargs"]["sim"])
+        return real_evaluate(*a, **kw)
+
+    monkeypatch.setattr(ev, "evaluate", recording)
+    for name, extra in (("old", {"study": {"name": "table1"}}),
+                        ("own", {"study": {"name": "table1"},
+                                 "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
+                        ("plain", {})):
+        run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
+        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+        evaluate_run(run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5)
+    traffic = [((s or {}).get("traffic") or {}).get("junction_release") for s in seen]
+    assert traffic == ["connector", "crossing", None]

@@ -41,6 +41,13 @@ class TrafficParams:
     lookahead: float = 60.0  # m along the path for leaders and stop lines
     request_margin: float = 8.0  # m added to the braking distance when asking for a junction
     conflict_distance: float = 2.6  # m: connectors closer than this conflict
+    junction_release: str = "crossing"  # crossing: a vehicle in a junction stops holding a
+    #                                    crossing way through once its rear has passed the crossing
+    #                                    (plus release_margin), and vehicles follow one another
+    #                                    through a way of several lanes; connector: it holds every
+    #                                    conflicting way until it has driven off its junction lane
+    #                                    (the behaviour before; the study pins it)
+    release_margin: float = 1.0  # m the rear must be past the last point near the crossing way
     signals: str = "landmarks"  # landmarks | all | none: which junctions get traffic lights
     signal_phases: str = "opposite"  # opposite: opposite approaches green together (two-phase
     #                                  plans); single: one approach at a time (CARLA's group cycle)
@@ -72,6 +79,13 @@ class TrafficParams:
     #                                     respawned elsewhere (SUMO's teleport); None: never
 
 
+# Settings added to TrafficParams after the study of docs/results.md began, at the values that give
+# the traffic from before them. The study configs (configs/experiment/study_*.yaml) pin exactly
+# these, and a study run trained before they existed (its config lacks them) is evaluated with them
+# (training/evaluate.py), so that every study run trains and is evaluated in the same world.
+STUDY_TRAFFIC = {"junction_release": "connector"}
+
+
 @dataclass(frozen=True)
 class SimConfig:
     dt: float = 0.1
@@ -97,6 +111,12 @@ class SimConfig:
         if self.traffic.signal_control not in ("actuated", "fixed"):
             raise ValueError(f"traffic.signal_control must be one of actuated, fixed; got "
                              f"{self.traffic.signal_control!r}")
+        if self.traffic.junction_release not in ("crossing", "connector"):
+            raise ValueError(f"traffic.junction_release must be one of crossing, connector; got "
+                             f"{self.traffic.junction_release!r}")
+        if not (math.isfinite(self.traffic.release_margin) and self.traffic.release_margin >= 0):
+            raise ValueError(f"traffic.release_margin must be a non-negative number of metres, got "
+                             f"{self.traffic.release_margin!r}")
         if self.traffic.signal_phases not in ("opposite", "single"):
             raise ValueError(f"traffic.signal_phases must be one of opposite, single; got "
                              f"{self.traffic.signal_phases!r}")

@@ -296,11 +296,19 @@ def traffic_step(
     s0, T, bmax, lookahead, req_extra,
     # outputs
     xy, heading, blocker,
+    # junction_release='crossing' (tables.conflict_clear_points); release False: the whole way
+    clear, release, release_margin,
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
     keeping its junction reservation from being granted), or NO_BLOCKER, BLOCKED_OTHER (the ego,
-    a walker), BLOCKED_LIGHT (a red or yellow light)."""
+    a walker), BLOCKED_LIGHT (a red or yellow light).
+
+    ``release``: a vehicle in a junction stops keeping a crossing way through from being granted
+    once its rear is ``release_margin`` m past the last point of its lane near that way
+    (``clear``), and a vehicle ahead on the requester's own way through is followed (as a leader)
+    rather than waited for; without it a vehicle keeps every way through that conflicts with its
+    lane until it has driven off that lane."""
     n = lane.shape[0]
     K = path.shape[1]
     # the ego's body as EGO_CIRCLES circles along its length that cover its box (one circle round
@@ -405,11 +413,24 @@ def traffic_step(
                 # one that went ahead from our lane into a way through diverging from ours, far
                 # enough in for us to follow it (as a leader), does not block us
                 ahead = conflict[c, lj] == 2 and s[j] - hl[j] > 2.0 * hl[i] + s0
-                if junction[lj] >= 0 and conflict[c, lj] and not ahead:
+                gone = False  # (release) past the crossing with our way, or ahead on it
+                if release and junction[lj] >= 0 and conflict[c, lj]:
+                    if s[j] - hl[j] > clear[lj, c] + release_margin:
+                        gone = True
+                    else:
+                        for kk in range(nxt_k[i] + 1, K):
+                            if path[i, kk] < 0 or junction[path[i, kk]] < 0:
+                                break
+                            if path[i, kk] == lj:
+                                gone = True
+                                break
+                if junction[lj] >= 0 and conflict[c, lj] and not ahead and not gone:
                     ok = False
                     rej[i] = j
                     break
                 gj = grant[j]
+                if gone and entered[j] and gj == lj:
+                    continue
                 if gj >= 0 and conflict[c, gj] and not (ahead and gj == lj):
                     ok = False
                     rej[i] = j

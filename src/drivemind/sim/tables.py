@@ -85,6 +85,64 @@ def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray) -> np.nd
     return out
 
 
+def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
+                          succ: np.ndarray | None = None) -> np.ndarray:
+    """clear[a, c] (float64, L x L): how far along junction lane ``a`` (m from its start) a
+    vehicle's rear must be before it no longer stands in the way of a vehicle entering the way
+    through that starts with junction lane ``c``: the last point of ``a`` within ``dist`` m of any
+    lane of ``c``'s chain (see :func:`_chain_conflicts`), 0 where ``a`` comes near it only through
+    the lanes chained before it, and ``inf`` where a lane chained after ``a`` comes near it (the
+    vehicle has not passed the crossing yet) or where ``a`` and ``c`` do not conflict. Used by
+    ``traffic.junction_release='crossing'``."""
+    L = rm.n_lanes
+    clear = np.full((L, L), np.inf)
+    succ = rm.succ if succ is None else succ
+    jl = np.flatnonzero(rm.junction >= 0)
+    if not len(jl):
+        return clear
+    # chains: the lanes linked within one junction, and the lanes after each lane in its chain
+    after: dict[int, set[int]] = {}
+    for a in jl.tolist():
+        seen, todo = set(), [a]
+        while todo:
+            x = todo.pop()
+            for y in succ[x][succ[x] >= 0].tolist():
+                if rm.junction[y] == rm.junction[a] and y not in seen and y != a:
+                    seen.add(y)
+                    todo.append(y)
+        after[a] = seen
+    comp: dict[int, set[int]] = {}
+    for a in jl.tolist():
+        if a in comp:
+            continue
+        group, todo = {a}, [a]
+        while todo:  # linked both ways
+            x = todo.pop()
+            nb = set(after[x]) | {b for b in jl.tolist() if x in after[b]}
+            for y in nb - group:
+                group.add(y)
+                todo.append(y)
+        for x in group:
+            comp[x] = group
+    pts = {a: rm.lane_points(a) for a in jl.tolist()}
+    s0 = {a: rm.s[rm.offset[a]:rm.offset[a + 1]] for a in jl.tolist()}
+
+    def near(pa, pb):  # (len(pa),) bool: point of pa within dist of some point of pb
+        d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
+        return d2.min(1) < dist * dist
+
+    for a in jl.tolist():
+        for c in np.flatnonzero(conflict[a]).tolist():
+            if rm.junction[c] < 0:
+                continue
+            other = np.concatenate([pts[x] for x in sorted(comp[c])])
+            if any(near(pts[d], other).any() for d in after[a]):
+                continue  # the crossing is still ahead of a vehicle on a
+            m = near(pts[a], other)
+            clear[a, c] = float(s0[a][m].max()) if m.any() else 0.0
+    return clear
+
+
 def lane_speed_limits(rm: RoadMap, limit: float, lat_accel: float) -> np.ndarray:
     """Per lane: min(limit, sqrt(lat_accel / max curvature)), curvature over a 3 m window."""
     out = np.full(rm.n_lanes, limit)
@@ -468,12 +526,17 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     if key not in cache:
         succ = traffic_successors(rm)
         sites, at_j = crossing_sites(rm, succ)
+        conflict = conflict_matrix(rm, traffic.conflict_distance, succ)
         cache[key] = dict(
-            conflict=conflict_matrix(rm, traffic.conflict_distance, succ),
+            conflict=conflict,
             vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
             lights=light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases),
             sites=sites,
             site_at_junction=at_j,
             succ=succ,
         )
-    return cache[key]
+    tab = cache[key]
+    if traffic.junction_release == "crossing" and "clear" not in tab:
+        tab["clear"] = conflict_clear_points(rm, traffic.conflict_distance, tab["conflict"],
+                                             tab["succ"])
+    return tab

@@ -6,10 +6,10 @@
 
 Ego: kinematic bicycle. Background vehicles (cars, motorcycles, bicycles): IDM along lane paths
 with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, junction
-reservations (a connector is entered only when no conflicting connector is occupied or reserved
-and the exit has room; long waiters are not starved), traffic lights that give one incoming road
-green at a time, and as a last resort a respawn of a vehicle standing too long. Walkers cross at
-junctions and mid-block with gap acceptance. The same seed gives the same trajectories.
+reservations (a connector is entered only when no conflicting connector is reserved or occupied
+by a vehicle not yet past the crossing, and the exit has room; long waiters are not starved),
+traffic lights (two-phase, vehicle-actuated by default), and as a last resort a respawn of a
+vehicle standing too long. Walkers cross at junctions and mid-block with gap acceptance. The same seed gives the same trajectories.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ class LiteWorld:
         tp = self.cfg.traffic
         tab = traffic_tables(roadmap, tp)
         self.conflict = tab["conflict"]
+        self._release = tp.junction_release == "crossing"
+        self.clear = tab["clear"] if self._release else np.zeros((1, 1))
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
         # any lane with a neighbour of its own direction (else no lane changes to consider)
@@ -415,6 +417,7 @@ class LiteWorld:
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
+                self.clear, self._release, tp.release_margin,
             )
         if n:
             m = float(self.v_stuck.max())
