@@ -493,3 +493,22 @@ def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world
         evaluate_run(run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5)
     traffic = [((s or {}).get("traffic") or {}).get("junction_release") for s in seen]
     assert traffic == ["connector", "crossing", None]
+
+
+def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(real_run, tmp_path):
+    """Resuming goes on in the world a run was trained in: a study run whose saved config predates
+    a setting of ADDED_AFTER_THE_STUDY_BEGAN gets the old value, one that names it keeps its own,
+    a run outside the study is left as saved."""
+    from drivemind.training.run import resumed_config
+
+    got = []
+    for name, extra in (("old", {"study": {"name": "table1"}}),
+                        ("own", {"study": {"name": "table1"},
+                                 "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
+                        ("plain", {})):
+        run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
+        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+        cfg, entry = resumed_config(run, {"total_timesteps": 500})
+        assert entry is not None and cfg["total_timesteps"] == 500
+        got.append((((cfg.get("sim") or {}).get("traffic")) or {}).get("junction_release"))
+    assert got == ["connector", "crossing", None]

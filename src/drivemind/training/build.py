@@ -22,6 +22,23 @@ def _sub(cfg: dict, key: str) -> dict:
     return dict(v)
 
 
+def study_world(cfg: dict) -> dict:
+    """``cfg`` (a saved run's config) with the traffic settings added after the study began
+    (``sim.config.STUDY_TRAFFIC``) set to their old values when it is a study run whose config
+    predates them (lacks them): such a run trained in the old world, so it is evaluated and
+    resumed in it. Other configs are returned unchanged (a plain run's config does not name the
+    setting whether it is old or new, so it gets the default)."""
+    if not cfg.get("study"):
+        return cfg
+    from ..sim.config import STUDY_TRAFFIC
+
+    traffic = dict((cfg.get("sim") or {}).get("traffic") or {})
+    missing = {k: v for k, v in STUDY_TRAFFIC.items() if k not in traffic}
+    if not missing:
+        return cfg
+    return {**cfg, "sim": {**(cfg.get("sim") or {}), "traffic": {**traffic, **missing}}}
+
+
 def env_kwargs(cfg: dict) -> dict:
     """Keyword arguments for ``DriveEnv`` from the config's sim/obs/env sections (not town,
     density or mode)."""

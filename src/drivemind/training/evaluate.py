@@ -9,7 +9,7 @@ import numpy as np
 import torch as th
 import yaml
 
-from .build import check_compatible
+from .build import check_compatible, study_world
 from .callbacks import latest_checkpoint
 
 
@@ -95,13 +95,8 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     cfg = policy.config
     town = town or cfg["town"]["name"]
     density = density or cfg["density"]["name"]
-    if cfg.get("study") and not sim:  # a study run from before a traffic setting existed: the old world
-        from ..sim.config import STUDY_TRAFFIC
-
-        traffic = dict((cfg.get("sim") or {}).get("traffic") or {})
-        missing = {k: v for k, v in STUDY_TRAFFIC.items() if k not in traffic}
-        if missing:
-            cfg = {**cfg, "sim": {**(cfg.get("sim") or {}), "traffic": {**traffic, **missing}}}
+    if not sim:  # a study run from before a traffic setting existed: the old world
+        cfg = study_world(cfg)
     kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path"), **({"sim": sim} if sim else {})})
     probe = DriveEnv(town, density, mode="eval", **kw)  # a clear error before any route runs
     try:

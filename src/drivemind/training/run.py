@@ -23,7 +23,7 @@ import yaml
 from ..evaluation import compute_metrics
 from ..paths import code_version
 from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec_env,
-                    observation_signature)
+                    observation_signature, study_world)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
                         save_checkpoint)
 from .validate import validate_config
@@ -91,7 +91,7 @@ def resumed_config(run_dir: str | Path, changes: dict) -> tuple[dict, dict]:
         raise FileNotFoundError(f"nothing to resume in {run_dir}: it needs config.yaml and "
                                 f"checkpoints/latest.json (was the run started by scripts/train.py?)")
     cfg = {**yaml.safe_load(saved_cfg.read_text()), **{k: changes[k] for k in RESUME_KEYS if k in changes}}
-    return cfg, entry
+    return study_world(cfg), entry  # a study run from before a traffic setting goes on in the old world
 
 
 def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
