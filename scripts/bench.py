@@ -206,11 +206,6 @@ class TrafficBreakdown:
         self.moving_speed = 0.0
         self.cls_speed: dict[int, list] = {}
 
-    def _junction_ahead(self, i):
-        path, jn = self.w.v_path[i], self.w.map.junction
-        return next((k for k in range(1, len(path)) if path[k] >= 0 and jn[path[k]] >= 0
-                     and jn[path[k - 1]] < 0), None)
-
     def add(self):
         from drivemind.sim import kernels as K
         from drivemind.sim.snapshot import ActorClass
@@ -229,7 +224,7 @@ class TrafficBreakdown:
                 nxt = int(w.v_path[i, 1])
                 if nxt >= 0 and length[lane] - w.v_s[i] < 20.0:
                     v0 = min(v0, w.v_vfac[i] * w.lane_vmax[nxt])
-                k = self._junction_ahead(i)
+                k = w.junction_entry(i)
                 dstop = None
                 if k is not None and w.v_grant[i] != w.v_path[i, k]:
                     dstop = length[lane] - w.v_s[i] + sum(length[w.v_path[i, q]] for q in range(1, k))
@@ -254,7 +249,7 @@ class TrafficBreakdown:
                         break
                     if bj < 0:
                         break
-                    k = self._junction_ahead(j)
+                    k = w.junction_entry(j)
                     if k is None or jn[w.v_lane[j]] >= 0 or w.v_lane[bj] in w.v_path[j, :k]:
                         j = bj  # a leader: what does it wait for?
                         continue
@@ -283,7 +278,8 @@ def bench_sim(args) -> dict:
 
     pinned = pin_one_core() if args.cores == 1 else False
     rm = load_town(args.town)
-    base = SimConfig.from_dict({"traffic": traffic_overrides(args)})
+    traffic = traffic_overrides(args)
+    base = SimConfig.from_dict({"traffic": traffic})
     world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density, base=base), args.seed)
     route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
@@ -312,7 +308,7 @@ def bench_sim(args) -> dict:
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,
-        "traffic": traffic_overrides(args),
+        "traffic": traffic,
         "simulated_s": round(steps * world.cfg.dt, 1), "steps": steps,
         "steps_per_s": round(steps / t_world, 1),
         "steps_per_cpu_s": round(steps / max(c_world, 1e-9), 1),
@@ -964,20 +960,49 @@ def _param_overrides(items, names) -> dict:
     return out
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    """A comma-separated command-line list as a tuple (blanks dropped)."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _add_heldout_args(p, bev_help: str) -> None:
+    """The held-out set's options, shared by reward-quality and lane-readout (one set, one
+    definition: drivemind.evaluation.reward_quality.HeldoutConfig)."""
+    p.add_argument("--towns", default="Town01,Town03,Town05,grid", help="comma-separated held-out towns")
+    p.add_argument("--densities", default="regular,dense,drivevlm")
+    p.add_argument("--drivers", default="expert,perturbed,random")
+    p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
+    p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
+    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP is trained below 10000)")
+    p.add_argument("--bev", default="cpu", help=bev_help)
+    p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
+                                                    "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
+
+
+def _heldout_config(args, what: str):
+    """The HeldoutConfig of ``_add_heldout_args``' options; a bad value exits with one message."""
+    from drivemind.evaluation.reward_quality import HeldoutConfig
+
+    try:
+        return HeldoutConfig(towns=_csv(args.towns), densities=_csv(args.densities),
+                             drivers=_csv(args.drivers), steps=args.steps, every=args.every,
+                             seed=args.seed, bev=args.bev, map_path=args.map_path)
+    except ValueError as e:
+        raise SystemExit(f"{what}: {e}") from None
+
+
 def bench_reward_quality(args) -> dict:
     import numpy as np
     import torch
     from tqdm.auto import tqdm
 
-    from drivemind.evaluation.reward_quality import (HeldoutConfig, action_alignment, collect,
-                                                     evaluate_reward, plot_distributions,
-                                                     retrieval_top1)
+    from drivemind.evaluation.reward_quality import (action_alignment, collect, evaluate_reward,
+                                                     plot_distributions, retrieval_top1)
     from drivemind.rewards import REWARDS
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    split = (lambda s: tuple(x.strip() for x in s.split(",") if x.strip()))
-    names = split(args.rewards) if args.rewards else tuple(REWARDS)
+    names = _csv(args.rewards) if args.rewards else tuple(REWARDS)
     bad = [n for n in names if n not in REWARDS]
     if bad:
         raise SystemExit(f"unknown reward(s) {bad}; valid: {', '.join(REWARDS)}")
@@ -986,12 +1011,7 @@ def bench_reward_quality(args) -> dict:
         factories = {n: _reward_factory(n, overrides.get(n)) for n in names}
     except TypeError as e:
         raise SystemExit(f"reward-quality --set: {e}") from None
-    try:
-        cfg = HeldoutConfig(towns=split(args.towns), densities=split(args.densities),
-                            drivers=split(args.drivers), steps=args.steps, every=args.every,
-                            seed=args.seed, bev=args.bev, map_path=args.map_path)
-    except ValueError as e:
-        raise SystemExit(f"reward-quality: {e}") from None
+    cfg = _heldout_config(args, "reward-quality")
     t0 = time.perf_counter()
     embed_speed = False  # the encoder also reads each frame's ego speed (BEV-CLIP's speed tower)
     if args.vlm == "openclip":
@@ -1070,14 +1090,11 @@ def bench_lane_readout(args) -> dict:
     import numpy as np
 
     from drivemind.bev.lane_offset import RouteOffsetReadout
-    from drivemind.evaluation.reward_quality import HeldoutConfig, collect
+    from drivemind.evaluation.reward_quality import collect
     from drivemind.vlm.captions import situation
 
-    split = (lambda s: tuple(x.strip() for x in s.split(",") if x.strip()))
+    cfg = _heldout_config(args, "lane-readout")
     try:
-        cfg = HeldoutConfig(towns=split(args.towns), densities=split(args.densities),
-                            drivers=split(args.drivers), steps=args.steps, every=args.every,
-                            seed=args.seed, bev=args.bev)
         readout = RouteOffsetReadout(args.bev)
     except ValueError as e:
         raise SystemExit(f"lane-readout: {e}") from None
@@ -1303,15 +1320,7 @@ def main(argv=None):
     p.add_argument("--density", default="regular")
     p = sub.add_parser("reward-quality", help="every reward as a safety signal on a labelled held-out "
                                               "set: AUROC, Spearman, standstill wins, BEV-CLIP retrieval")
-    p.add_argument("--towns", default="Town01,Town03,Town05,grid", help="comma-separated held-out towns")
-    p.add_argument("--densities", default="regular,dense,drivevlm")
-    p.add_argument("--drivers", default="expert,perturbed,random")
-    p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
-    p.add_argument("--every", type=int, default=4, help="keep every n-th step (danger and near misses: all)")
-    p.add_argument("--seed", type=int, default=10_000, help="first seed (BEV-CLIP is trained below 10000)")
-    p.add_argument("--bev", default="cpu", help="BEV preset (cpu: 15x96x96)")
-    p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
-                                                    "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
+    _add_heldout_args(p, "BEV preset (cpu: 15x96x96)")
     p.add_argument("--rewards", default=None, help="comma-separated rewards (default: every registered one)")
     p.add_argument("--learn-rounds", type=int, default=200,
                    help="world-model rounds for rewards that learn (DriveMind's PCFM), per fold")
@@ -1330,13 +1339,7 @@ def main(argv=None):
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr")
     p = sub.add_parser("lane-readout", help="the fixed route-band readout of the ego's lateral offset "
                                             "vs the lateral_offset fact on reward-quality's held-out set")
-    p.add_argument("--towns", default="Town01,Town03,Town05,grid")
-    p.add_argument("--densities", default="regular,dense,drivevlm")
-    p.add_argument("--drivers", default="expert,perturbed,random")
-    p.add_argument("--steps", type=int, default=500, help="env steps per town x density x driver")
-    p.add_argument("--every", type=int, default=4)
-    p.add_argument("--seed", type=int, default=10_000)
-    p.add_argument("--bev", default="cpu", help="BEV preset (cpu 2.5 px/m, roach 5 px/m, paper 5.8 px/m)")
+    _add_heldout_args(p, "BEV preset (cpu 2.5 px/m, roach 5 px/m, paper 5.8 px/m)")
     p = sub.add_parser("distill", help="prompt distillation: a student_smolvlm distilled online from the "
                                        "privileged teacher, parse rate and agreement on held-out scenes")
     p.add_argument("--towns", default="grid,curves,avenue")

@@ -272,12 +272,18 @@ class LiteWorld:
         self.npc_wait_cycles += broken
         return broken
 
+    def junction_entry(self, i: int) -> int | None:
+        """Index in vehicle i's path of the first junction lane entered from outside a junction
+        (the way through it next asks for), or None when its path enters none."""
+        path, junction = self.v_path[i], self.map.junction
+        return next((k for k in range(1, PATH_LEN) if path[k] >= 0 and junction[path[k]] >= 0
+                     and junction[path[k - 1]] < 0), None)
+
     def _take_other_way(self, i: int) -> bool:
         """Vehicle i, standing before a junction it has no reservation for, switches to another
         way through (one leaving the same lane); False if it has none or is not at a junction."""
         path, junction, succ = self.v_path[i], self.map.junction, self.succ
-        k = next((k for k in range(1, PATH_LEN) if path[k] >= 0 and junction[path[k]] >= 0
-                  and junction[path[k - 1]] < 0), None)
+        k = self.junction_entry(i)
         j = int(self.v_blocker[i])
         if k is None or self.v_grant[i] == path[k] or j < 0 or int(self.v_lane[j]) in path[:k]:
             return False  # not at a junction, or waiting for its leader rather than for the junction
