@@ -517,3 +517,19 @@ def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(r
         assert entry is not None and cfg["total_timesteps"] == 500
         got.append((((cfg.get("sim") or {}).get("traffic")) or {}).get("junction_release"))
     assert got == ["connector", "crossing", None]
+
+
+def test_a_study_run_from_before_a_traffic_setting_is_one_method_with_the_runs_that_pin_it(real_run, tmp_path):
+    """The report groups by the world a run trained in: a study run whose config predates
+    ``sim.traffic.junction_release`` and one that pins the old value are one method (two seeds);
+    one that sets the new value is another method."""
+    for name, seed, traffic in (("old", 0, None), ("pinned", 1, "connector"), ("new", 2, "crossing")):
+        extra = {"study": {"name": "table1"}}
+        if traffic:
+            extra["sim"] = {"backend": "lite", "traffic": {"junction_release": traffic}}
+        make_run(real_run, tmp_path / name, seed=seed, reward=CHEN, extra=extra,
+                 evals={T2: records(seed, 0)})
+    rep = build_report(find_runs([tmp_path]))
+    by_label = {m["label"]: sorted(m["seeds"]) for m in rep["methods"]}
+    assert by_label == {"chen-sac [sim.traffic.junction_release=connector]": [0, 1],
+                        "chen-sac [sim.traffic.junction_release=crossing]": [2]}

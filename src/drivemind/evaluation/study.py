@@ -114,7 +114,11 @@ def load_run(run_dir) -> dict:
             m["DCF"] = math.inf
         evals[_eval_key(f.parent, doc.get("meta") or {})] = m
     ep = d / "logs" / "episodes.csv"
-    return {"path": d, "name": d.name, "config": cfg, "flat": flatten(cfg), "seed": cfg.get("seed"),
+    # ``flat`` is the world the run trained in: a study run saved before a traffic setting existed
+    # gets its old value (training.build.study_world), so it is grouped with the runs that pin it
+    from ..training.build import study_world
+
+    return {"path": d, "name": d.name, "config": cfg, "flat": flatten(study_world(cfg)), "seed": cfg.get("seed"),
             "summary": summary, "status": status,
             "ok": summary is not None and not status.startswith(("failed", "incomplete")),
             "steps": (summary or {}).get("steps"), "wall_s": (summary or {}).get("wall_s_total"),
