@@ -95,7 +95,9 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      and the built-in grid town on seeds 10000+, none of which the shipped BEV-CLIP was trained on;
      expert, perturbed-expert and random drivers; crashes and near misses oversampled). Reports
      auroc.<reward> (AUROC of -reward for "collision within 1 s" against safe frames: higher reward
-     should mean safer), spearman.<reward> (against the ground-truth safety score),
+     should mean safer), auroc_speed_matched.<reward> (the same over pairs of a danger and a safe
+     frame driven at the same speed: danger known beyond speed), spearman.<reward> (against the
+     ground-truth safety score),
      standstill_wins.<reward> (how often a standstill twin out-scores driving at the target speed in
      free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set; `retrieval` adds the clause
      and per-facet accuracy, each facet against its majority answer),
@@ -1075,7 +1077,7 @@ def bench_reward_quality(args) -> dict:
         res["seconds"] = round(time.perf_counter() - t1, 1)
         per[name] = res
         plot_vals[name] = (vals, res["auroc"])
-        for k in ("auroc", "spearman", "standstill_wins"):
+        for k in ("auroc", "auroc_speed_matched", "spearman", "standstill_wins"):
             out[f"{k}.{name}"] = None if not np.isfinite(res[k]) else round(float(res[k]), 4)
     out["per_reward"] = per
     if args.plot:

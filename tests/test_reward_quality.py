@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from drivemind.evaluation.reward_quality import (HeldoutConfig, auroc, collect, evaluate_reward,
+                                                 speed_strata, stratified_auroc,
                                                  label_episode, standstill_twin, win_rate)
 from drivemind.rewards import make_reward
 from script_loader import load_script
@@ -119,6 +120,10 @@ def test_scores_on_the_tiny_set(tiny):
     res, vals = evaluate_reward(lambda: make_reward("chen"), data)
     assert vals.shape == (len(data),) and np.isfinite(vals).all()
     assert -1.0 <= res["spearman"] <= 1.0 and set(res["term_auroc"]) == {"collision", "speed", "lane", "steer"}
+    assert set(res["term_auroc_speed_matched"]) == set(res["term_auroc"])
+    strata = speed_strata(data.facts["speed_kmh"])[danger | safe]
+    assert res["auroc_speed_matched"] == pytest.approx(
+        stratified_auroc(-vals[danger | safe], danger[danger | safe], strata)[0], nan_ok=True)
     # standing still earns no progress: the task reward's twin never beats driving
     b = data.batch()
     for name in ("task", "carl"):  # progress, and CaRL's route completion
@@ -202,3 +207,26 @@ def test_a_speed_tower_gets_each_frames_ego_speed(tiny):
                           data.standstill_embedding)
     assert np.array_equal(standstill_twin(b)["embedding"], b["embedding"])
     assert tiny[1].standstill_embedding is None  # an image-only tower: the twin keeps its embedding
+
+
+def test_speed_matched_auroc_counts_only_pairs_at_the_same_speed():
+    # a reward that only pays for speed: danger rows are the fast ones, so the plain AUROC says
+    # "prefers danger" (0.0), but within each speed band it has no signal at all (0.5)
+    speed = np.array([2.0, 2.0, 2.0, 2.0, 30.0, 30.0, 30.0, 30.0])
+    danger = np.array([0, 0, 0, 1, 1, 1, 1, 0], bool)
+    pays_speed = speed.copy()
+    assert auroc(-pays_speed, danger) < 0.3
+    au, cover = stratified_auroc(-pays_speed, danger, speed_strata(speed))
+    assert au == pytest.approx(0.5) and cover == 1.0
+    # a reward that scores danger lower within each band is found out even though it pays speed
+    knows = pays_speed - 5.0 * danger
+    au, _ = stratified_auroc(-knows, danger, speed_strata(speed))
+    assert au == pytest.approx(1.0)
+    # pairs weighted by their number: band 1 has 1 x 3 pairs (AUROC 1), band 2 3 x 1 (AUROC 0)
+    score = np.array([0, 0, 0, 1, 0, 0, 0, 1], float)
+    au, _ = stratified_auroc(score, danger, speed_strata(speed))
+    assert au == pytest.approx((1.0 * 3 + 0.0 * 3) / 6)
+    # danger rows in a band with no safe row take no part, and the coverage says so
+    au, cover = stratified_auroc(-knows, danger & (speed > 10), speed_strata(np.where(danger & (speed > 10), 60.0, speed)))
+    assert math.isnan(au) and cover == 0.0
+    assert list(speed_strata([0.5, 1.0, 4.9, 5.0, 27.0])) == [-1, 0, 0, 1, 5]

@@ -57,6 +57,12 @@ the step led to (``embedding``, what the agents store) and of the one it was tak
 - ``term_auroc`` (composites): the same AUROC for each weighted term of ``reward.explain`` on its
   own (e.g. ``task.progress`` against the semantic term), to see which part carries or spoils
   the signal.
+- ``auroc_speed_matched`` (and ``term_auroc_speed_matched``): the AUROC counted only over pairs of
+  a danger and a safe row driven at the same speed (:func:`stratified_auroc`, strata
+  :func:`speed_strata`: standing, then ``SPEED_BIN_KMH`` bands). A reward that pays for speed
+  (progress, a speed target) prefers the faster frames before a crash; this measure asks whether
+  it knows danger *beyond* how fast the car goes. ``speed_matched_coverage``: the share of
+  danger rows whose stratum has safe rows (the rest take no part).
 
 **Rewards with online state.** Every reward's ``prepare`` runs once over the whole set in time
 order before scoring (DriveMind's novelty detector and prompt cache with the generator inline -
@@ -348,6 +354,35 @@ def auroc(scores, positive) -> float:
     return float((r[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
+SPEED_BIN_KMH = 5.0  # speed strata of ``auroc_speed_matched``
+
+
+def speed_strata(speed_kmh) -> np.ndarray:
+    """Stratum per row for the speed-matched AUROC: -1 standing (< ``STOPPED_KMH``), else the
+    ``SPEED_BIN_KMH``-wide speed band (0: 1-5 km/h, 1: 5-10 km/h, ...)."""
+    v = np.asarray(speed_kmh, np.float64)
+    return np.where(v < STOPPED_KMH, -1, np.floor(v / SPEED_BIN_KMH)).astype(np.int64)
+
+
+def stratified_auroc(scores, positive, strata) -> tuple[float, float]:
+    """AUROC of ``scores`` for ``positive`` over the pairs of a positive and a negative row in the
+    same stratum only (each stratum's Mann-Whitney AUROC weighted by its number of pairs), and the
+    share of positive rows whose stratum has negatives. NaN when no stratum has both."""
+    s, y, g = np.asarray(scores, np.float64), np.asarray(positive, bool), np.asarray(strata)
+    num = den = 0.0
+    covered = 0
+    for k in np.unique(g[y]):
+        m = g == k
+        npos, nneg = int((y & m).sum()), int((~y & m).sum())
+        if nneg == 0:
+            continue
+        covered += npos
+        num += auroc(s[m], y[m]) * npos * nneg
+        den += npos * nneg
+    cover = covered / max(int(y.sum()), 1)
+    return (num / den if den else float("nan")), float(cover)
+
+
 def win_rate(a, b) -> float:
     """P(a > b) + P(a == b) / 2 over all pairs of a value of ``a`` and one of ``b`` (NaN when
     either is empty)."""
@@ -443,7 +478,10 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
     wins = float(np.mean((t > d) + 0.5 * np.isclose(t, d))) if len(d) else float("nan")
     still = lab["free"] & (lab["speed_band"] == 0) & ok
     obs_wins = win_rate(vals[still], vals[cruise]) if still.any() and cruise.any() else float("nan")
-    res = {"auroc": au, "spearman": float(sp), "standstill_wins": wins,
+    strata = speed_strata(data.facts["speed_kmh"])[sel]
+    au_speed, cover = stratified_auroc(-vals[sel], danger[sel], strata)
+    res = {"auroc": au, "auroc_speed_matched": au_speed, "speed_matched_coverage": cover,
+           "spearman": float(sp), "standstill_wins": wins,
            "standstill_wins_observed": obs_wins, "danger_mean": _mean(vals[danger]),
            "safe_mean": _mean(vals[safe]), "nonfinite": int((~ok).sum()),
            "n_danger": int(danger.sum()), "n_safe": int(safe.sum()), "n_cruise": int(cruise.sum()),
@@ -453,6 +491,9 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
     if len(terms) > 1:  # a composite: how each weighted term on its own separates danger from safe
         res["term_auroc"] = {k: auroc(-v[sel], danger[sel]) if np.isfinite(v[sel]).all() else float("nan")
                              for k, v in terms.items()}
+        res["term_auroc_speed_matched"] = {
+            k: stratified_auroc(-v[sel], danger[sel], strata)[0] if np.isfinite(v[sel]).all()
+            else float("nan") for k, v in terms.items()}
     return res, vals
 
 
@@ -522,6 +563,7 @@ def plot_distributions(values: dict, data: HeldoutSet, path) -> str:
     return str(path)
 
 
-__all__ = ["DRIVERS", "HELDOUT_TOWNS", "LABEL_KEYS", "HeldoutConfig", "HeldoutSet", "action_alignment", "auroc",
+__all__ = ["DRIVERS", "HELDOUT_TOWNS", "LABEL_KEYS", "SPEED_BIN_KMH", "HeldoutConfig", "HeldoutSet",
+           "action_alignment", "auroc",
            "collect", "evaluate_reward", "label_episode", "plot_distributions", "retrieval_top1",
-           "standstill_twin", "win_rate"]
+           "speed_strata", "standstill_twin", "stratified_auroc", "win_rate"]
