@@ -41,6 +41,14 @@ train: SAC env steps/s with one gradient step per env step (batch 256, 15x96x96 
      process. Reports steps_per_s, sb3_steps_per_s, ratio_vs_sb3 and replay bytes per transition
      for both (and the size of 100k transitions).
 
+    python scripts/bench.py update [--batch-sizes 256,512,1024] [--autocast bf16] [hydra overrides ...]
+
+update: the cost of one SAC gradient step on the fast path (experiment=fast's model: frozen BEV
+     encoder features, [256, 256] MLP heads, fused Adam), filled past learning_starts by a short
+     real training run, then model.train timed in alternating rounds per batch size: ms_per_update
+     and ms_per_256_samples for each (is a bigger batch cheaper per sample on this CPU?);
+     --autocast bf16 also times each update under torch.autocast("cpu", bfloat16).
+
     python scripts/bench.py reward
 
 reward: reward=drivemind against reward=chen, both DriveSAC with one gradient step per env step on
@@ -467,6 +475,57 @@ def _alternate_rounds(models: dict, warmup: int, steps: int, rounds: int) -> dic
             m.learn(steps, reset_num_timesteps=False)
             rates[k].append(steps / (time.perf_counter() - t))
     return rates
+
+
+def bench_update(args) -> dict:
+    import statistics
+
+    import torch as th
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from drivemind.training.build import make_model, make_reward_from_cfg, make_vec_env
+
+    sizes = [int(b) for b in _csv(args.batch_sizes)]
+    if not sizes or min(sizes) < 2:
+        raise SystemExit(f"update: --batch-sizes needs integers >= 2, got {args.batch_sizes!r}")
+    if args.autocast not in ("none", "bf16"):
+        raise SystemExit(f"update: --autocast must be one of none, bf16; got {args.autocast!r}")
+    th.set_num_threads(args.threads)
+    root = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        cfg = compose("config", overrides=["experiment=fast", "logger=quiet", "progress_bar=false",
+                                           f"reward={args.reward}", f"town={args.town}",
+                                           f"density={args.density}", f"seed={args.seed}",
+                                           *args.overrides])
+    cfg = OmegaConf.to_container(cfg, resolve=True)
+    model = make_model(cfg, make_vec_env(cfg), make_reward_from_cfg(cfg))
+    model.learn(total_timesteps=max(args.warmup, int(cfg["algo"]["learning_starts"]) + 2 * max(sizes)))
+    modes = ["fp32"] + (["bf16"] if args.autocast == "bf16" else [])
+
+    def run(b: int, mode: str, n: int) -> float:
+        t = time.perf_counter()
+        with th.autocast("cpu", dtype=th.bfloat16, enabled=mode == "bf16"):
+            model.train(gradient_steps=n, batch_size=b)
+        return (time.perf_counter() - t) / n * 1000
+
+    for b in sizes:  # warm every path (allocations, oneDNN kernels) before the clock
+        for mode in modes:
+            run(b, mode, 3)
+    times = {(b, m): [] for b in sizes for m in modes}
+    for _ in range(args.rounds):
+        for b in sizes:
+            for mode in modes:
+                times[b, mode].append(run(b, mode, args.updates))
+    out = {}
+    for (b, mode), ts in times.items():
+        ms = statistics.median(ts)
+        out[f"{mode}_b{b}"] = {"batch_size": b, "autocast": mode, "ms_per_update": round(ms, 2),
+                                "ms_per_256_samples": round(ms * 256 / b, 2),
+                                "rounds_ms": [round(t, 2) for t in ts]}
+    return {"what": "update", "reward": args.reward, "town": args.town, "density": args.density,
+            "net_arch": cfg["algo"]["policy_kwargs"]["net_arch"], "updates_per_round": args.updates,
+            "results": out, "torch_threads": th.get_num_threads(), "torch": th.__version__, **machine()}
 
 
 def bench_train(args) -> dict:
@@ -1246,6 +1305,20 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("update", help="ms per SAC gradient step on the fast path, per batch size "
+                                      "(and under bf16 autocast)")
+    p.add_argument("--reward", default="drivemind_kinematic")
+    p.add_argument("--town", default="Town02")
+    p.add_argument("--density", default="regular")
+    p.add_argument("--batch-sizes", default="256,512,1024")
+    p.add_argument("--autocast", default="none", help="none, or bf16: also time under bfloat16 autocast")
+    p.add_argument("--warmup", type=int, default=3000, help="env steps of real training before timing")
+    p.add_argument("--updates", type=int, default=30, help="gradient steps per timed round")
+    p.add_argument("overrides", nargs="*", help="hydra overrides of the fast path's config, e.g. "
+                                                "algo.policy_kwargs.net_arch=[128,128]")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("reward", help="reward=drivemind vs reward=chen training steps/s, and DriveMind's "
                                       "per-component latency table")
     p.add_argument("--town", default="grid")
@@ -1368,7 +1441,7 @@ def main(argv=None):
                                           "(scripts/bench_reward_service.py; its options follow)")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
-              "train": bench_train, "reward": bench_reward, "learn": bench_learn,
+              "train": bench_train, "update": bench_update, "reward": bench_reward, "learn": bench_learn,
               "side-by-side": bench_side_by_side,
               "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive,
               "reward-quality": bench_reward_quality, "distill": bench_distill,

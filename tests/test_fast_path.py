@@ -266,3 +266,23 @@ def test_critic_layer_norm_builds_normalised_q_heads_that_train_and_survive_a_re
     with pytest.raises(RuntimeError, match="Unexpected key"):  # the heads differ from plain ones
         DriveSAC.load(latest_checkpoint(run)["model"], reward_fn=make_reward("drivemind_kinematic"),
                       custom_objects={"policy_kwargs": {**m.policy_kwargs, "critic_layer_norm": False}})
+
+
+def test_bench_update_times_the_fast_path_gradient_step_per_batch_size(capsys):
+    """`bench.py update`: the real fast-path model, filled by a short real training run, timed per
+    batch size and autocast mode; bad options give one error naming the valid ones."""
+    bench = load_script("bench")
+    res = bench.main(["update", "--town", "grid", "--density", "empty", "--batch-sizes", "16,32",
+                      "--autocast", "bf16", "--warmup", "0", "--updates", "2", "--rounds", "2",
+                      "algo.learning_starts=30", "checkpoint_every=0"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(json.dumps(res))
+    assert set(res["results"]) == {"fp32_b16", "bf16_b16", "fp32_b32", "bf16_b32"}
+    for r in res["results"].values():
+        assert r["ms_per_update"] > 0 and len(r["rounds_ms"]) == 2
+        assert r["ms_per_256_samples"] == pytest.approx(r["ms_per_update"] * 256 / r["batch_size"], rel=0.01)
+    assert res["net_arch"] == [256, 256] and res["torch_threads"] == 1
+    with pytest.raises(SystemExit, match="must be one of none, bf16"):
+        bench.main(["update", "--autocast", "fp8"])
+    with pytest.raises(SystemExit, match="integers >= 2"):
+        bench.main(["update", "--batch-sizes", "1"])
