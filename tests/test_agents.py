@@ -81,6 +81,44 @@ def test_palette_codec_round_trip(rollout):
     assert codec.encode(rich) is None  # more joint values than the palette holds
 
 
+def _unique_encode(codec, x):
+    """The codec's output as np.unique over the pixels gives it (the encoding before the compiled
+    one): the palette in ascending byte order, codes its indices."""
+    pix = np.ascontiguousarray(x.reshape(codec.C, codec.HW).T)
+    uniq, inv = np.unique(pix.view(np.dtype((np.void, codec.C))).ravel(), return_inverse=True)
+    pal = np.zeros((codec.P, codec.C), np.uint8)
+    pal[:len(uniq)] = uniq.view(np.uint8).reshape(len(uniq), codec.C)
+    return inv.astype(np.uint8).ravel(), pal, len(uniq)
+
+
+def test_palette_codes_are_those_of_sorted_unique_pixels(rollout):
+    """The compiled encoder writes exactly what np.unique over the pixels gives (so buffers and
+    checkpoints hold the same bytes as before it), on real frames and on frames near the palette's
+    size: P distinct values fit, P + 1 do not."""
+    space, steps = rollout
+    codec = PaletteCodec(space["bev"].shape, 64)
+    for s in steps[::5]:
+        x = s["obs"][0]["bev"]
+        codes, pal = codec.encode(x)
+        ref_codes, ref_pal, _ = _unique_encode(codec, x)
+        assert np.array_equal(codes, ref_codes) and np.array_equal(pal, ref_pal)
+    rng = np.random.default_rng(1)
+    small = PaletteCodec((3, 8, 8), 8)
+    for k in (1, 2, 7, 8, 9):
+        values = rng.integers(0, 256, (k, 3), dtype=np.uint8)
+        while len(np.unique(values, axis=0)) < k:
+            values = rng.integers(0, 256, (k, 3), dtype=np.uint8)
+        pick = np.r_[np.arange(k), rng.integers(0, k, 64 - k)]
+        x = np.ascontiguousarray(values[rng.permutation(pick)].T.reshape(3, 8, 8))
+        got = small.encode(x)
+        if k > 8:
+            assert got is None
+            continue
+        ref_codes, ref_pal, n = _unique_encode(small, x)
+        assert n == k and np.array_equal(got[0], ref_codes) and np.array_equal(got[1], ref_pal)
+        assert np.array_equal(small.decode(got[0][None], got[1][None]).numpy()[0], x)
+
+
 def test_buffer_gives_back_every_obs_and_next_obs(rollout):
     space, steps = rollout
     buf = RelabelReplayBuffer(100, space, gym.spaces.Box(-1, 1, (2,)), n_envs=2)  # 50 rows: wraps

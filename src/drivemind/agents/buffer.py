@@ -58,18 +58,23 @@ class PaletteCodec:
             raise ValueError(f"palette_size must be in [2, 256] (codes are one byte), got {palette_size}")
         self.shape, self.P = tuple(shape), int(palette_size)
         self.C, self.HW = shape[0], shape[1] * shape[2]
-        self._void = np.dtype((np.void, self.C))
 
     def encode(self, x: np.ndarray):
         """-> (codes (HW,) uint8, palette (P, C) uint8), or None if the frame has more than P
-        joint values."""
+        joint values. The palette lists the frame's distinct pixel values in ascending byte order
+        (as ``np.unique`` over the pixels would), padded with zeros."""
         pix = np.ascontiguousarray(x.reshape(self.C, self.HW).T)  # HW x C
-        uniq, inv = np.unique(pix.view(self._void).ravel(), return_inverse=True)
-        if len(uniq) > self.P:
+        codes = np.empty(self.HW, np.uint8)
+        seen = np.empty((self.P, self.C), np.uint8)
+        n = _palette_codes(pix, seen, codes)  # codes in order of first appearance
+        if n < 0:
             return None
+        order = np.lexsort(seen[:n, ::-1].T)  # ascending rows, first byte most significant
+        rank = np.empty(n, np.uint8)
+        rank[order] = np.arange(n, dtype=np.uint8)
         pal = np.zeros((self.P, self.C), np.uint8)
-        pal[:len(uniq)] = uniq.view(np.uint8).reshape(len(uniq), self.C)
-        return inv.astype(np.uint8).ravel(), pal
+        pal[:n] = seen[order]
+        return rank[codes], pal
 
     def decode(self, codes: np.ndarray, palettes: np.ndarray, scaled: bool = False) -> th.Tensor:
         """codes (B, HW), palettes (B, P, C) -> B x C x H x W: uint8, or float32 divided by 255
@@ -81,6 +86,44 @@ class PaletteCodec:
             out = np.empty((len(codes), self.C, self.HW), np.uint8)
             _decode(codes, palettes, out)
         return th.from_numpy(out).view(len(codes), *self.shape)
+
+
+@numba.njit(cache=True)
+def _palette_codes(pix, seen, codes):  # pragma: no cover - compiled
+    """Codes of the rows of ``pix`` (HW x C) in order of first appearance, the distinct rows in
+    ``seen``; returns their number, or -1 past ``len(seen)``."""
+    n, last = 0, -1
+    hw, c = pix.shape
+    for i in range(hw):
+        k = -1
+        if last >= 0:  # runs: most pixels repeat their neighbour's value
+            same = True
+            for j in range(c):
+                if pix[i, j] != seen[last, j]:
+                    same = False
+                    break
+            if same:
+                k = last
+        if k < 0:
+            for q in range(n):
+                same = True
+                for j in range(c):
+                    if pix[i, j] != seen[q, j]:
+                        same = False
+                        break
+                if same:
+                    k = q
+                    break
+        if k < 0:
+            if n == seen.shape[0]:
+                return -1
+            for j in range(c):
+                seen[n, j] = pix[i, j]
+            k = n
+            n += 1
+        codes[i] = k
+        last = k
+    return n
 
 
 @numba.njit(cache=True)
