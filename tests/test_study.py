@@ -375,7 +375,13 @@ def test_the_study_configs_pin_the_settings_added_after_the_study_began():
         # ... and the pin reaches the world the study's env builds
         sim = _sim_config("regular", env_kwargs(resolved(f"experiment=study_{name}"))["sim"])
         assert sim.traffic.junction_release == "connector"
-    assert flatten(resolved()).get("sim.traffic.junction_release", "<absent>") == "<absent>"
+
+    # a plain run's config names each of them with its default, so its saved config records its world
+    from drivemind.sim.config import TrafficParams
+
+    plain = flatten(resolved())
+    for key in ADDED_AFTER_THE_STUDY_BEGAN:
+        assert plain.get(key, "<absent>") == getattr(TrafficParams(), key.rsplit(".", 1)[1]), key
 
 
 def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
@@ -471,14 +477,16 @@ def test_a_run_stopped_by_a_signal_is_incomplete_not_averaged(real_run, tmp_path
 
 
 def runs_around_a_traffic_setting(real_run: Path, tmp_path: Path) -> list[Path]:
-    """Three resumable copies of the real run: a study run whose config predates
+    """Three resumable copies of the real run (configs saved before configs/sim/lite.yaml named the
+    setting, but one): a study run whose config predates
     ``sim.traffic.junction_release`` (lacks it), a study run that sets it (to the new value), and a
     run outside the study."""
     runs = []
-    for name, extra in (("old", {"study": {"name": "table1"}}),
+    before = {"sim": {"backend": "lite"}}  # a config saved before configs/sim/lite.yaml named it
+    for name, extra in (("old", {"study": {"name": "table1"}, **before}),
                         ("own", {"study": {"name": "table1"},
                                  "sim": {"backend": "lite", "traffic": {"junction_release": "crossing"}}}),
-                        ("plain", {})):
+                        ("plain", before)):
         run = make_run(real_run, tmp_path / name, seed=0, reward=CHEN, extra=extra)
         shutil.copytree(real_run / "checkpoints", run / "checkpoints")
         runs.append(run)
@@ -524,7 +532,7 @@ def test_a_study_run_from_before_a_traffic_setting_is_one_method_with_the_runs_t
     ``sim.traffic.junction_release`` and one that pins the old value are one method (two seeds);
     one that sets the new value is another method."""
     for name, seed, traffic in (("old", 0, None), ("pinned", 1, "connector"), ("new", 2, "crossing")):
-        extra = {"study": {"name": "table1"}}
+        extra = {"study": {"name": "table1"}, "sim": {"backend": "lite"}}  # saved before the key
         if traffic:
             extra["sim"] = {"backend": "lite", "traffic": {"junction_release": traffic}}
         make_run(real_run, tmp_path / name, seed=seed, reward=CHEN, extra=extra,
@@ -533,3 +541,16 @@ def test_a_study_run_from_before_a_traffic_setting_is_one_method_with_the_runs_t
     by_label = {m["label"]: sorted(m["seeds"]) for m in rep["methods"]}
     assert by_label == {"chen-sac [sim.traffic.junction_release=connector]": [0, 1],
                         "chen-sac [sim.traffic.junction_release=crossing]": [2]}
+
+
+def test_a_plain_run_saves_the_traffic_settings_it_trained_with(real_run):
+    """A run trained now records each setting added after the study began in its config.yaml (with
+    the default it used), so a later change of default leaves its evaluation and resume alone."""
+    from drivemind.sim.config import TrafficParams
+    from drivemind.training.run import resumed_config
+
+    saved = flatten(yaml.safe_load((real_run / "config.yaml").read_text()))
+    for key in ADDED_AFTER_THE_STUDY_BEGAN:
+        assert saved[key] == getattr(TrafficParams(), key.rsplit(".", 1)[1])
+    cfg, _ = resumed_config(real_run, {"total_timesteps": 200})
+    assert flatten(cfg)["sim.traffic.junction_release"] == saved["sim.traffic.junction_release"]

@@ -26,8 +26,9 @@ def study_world(cfg: dict) -> dict:
     """``cfg`` (a saved run's config) with the traffic settings added after the study began
     (``sim.config.STUDY_TRAFFIC``) set to their old values when it is a study run whose config
     predates them (lacks them): such a run trained in the old world, so it is evaluated and
-    resumed in it. Other configs are returned unchanged (a plain run's config does not name the
-    setting whether it is old or new, so it gets the default)."""
+    resumed in it. Other configs are returned unchanged: a plain run's config names each setting
+    with the default it trained with (configs/sim/lite.yaml); one saved before it did gets today's
+    default."""
     if not cfg.get("study"):
         return cfg
     from ..sim.config import STUDY_TRAFFIC
