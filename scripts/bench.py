@@ -104,7 +104,9 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      expert, perturbed-expert and random drivers; crashes and near misses oversampled). Reports
      auroc.<reward> (AUROC of -reward for "collision within 1 s" against safe frames: higher reward
      should mean safer), auroc_speed_matched.<reward> (the same over pairs of a danger and a safe
-     frame driven at the same speed: danger known beyond speed), spearman.<reward> (against the
+     frame driven at the same speed: danger known beyond speed; per_reward also gives
+     signal_auroc, the AUROC of the VLM's contrastive score inside VLM-RL / DriveVLM-RL before
+     their formula uses it), spearman.<reward> (against the
      ground-truth safety score),
      standstill_wins.<reward> (how often a standstill twin out-scores driving at the target speed in
      free traffic), retrieval_top1 (image-to-caption top-1 of the encoder on the set; `retrieval` adds the clause

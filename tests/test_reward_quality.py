@@ -121,6 +121,7 @@ def test_scores_on_the_tiny_set(tiny):
     assert vals.shape == (len(data),) and np.isfinite(vals).all()
     assert -1.0 <= res["spearman"] <= 1.0 and set(res["term_auroc"]) == {"collision", "speed", "lane", "steer"}
     assert set(res["term_auroc_speed_matched"]) == set(res["term_auroc"])
+    assert "signal_auroc" not in res  # no VLM inside Chen's reward
     strata = speed_strata(data.facts["speed_kmh"])[danger | safe]
     assert res["auroc_speed_matched"] == pytest.approx(
         stratified_auroc(-vals[danger | safe], danger[danger | safe], strata)[0], nan_ok=True)
@@ -230,3 +231,16 @@ def test_speed_matched_auroc_counts_only_pairs_at_the_same_speed():
     au, cover = stratified_auroc(-knows, danger & (speed > 10), speed_strata(np.where(danger & (speed > 10), 60.0, speed)))
     assert math.isnan(au) and cover == 0.0
     assert list(speed_strata([0.5, 1.0, 4.9, 5.0, 27.0])) == [-1, 0, 0, 1, 5]
+
+
+def test_the_vlm_score_inside_a_reward_is_measured_on_its_own(tiny):
+    """VLM-RL's CLG (the VLM's judgement, which its formula turns into a target speed) gets its own
+    AUROC, computed from the reward part's own ``clg``."""
+    _, data = tiny
+    res, _ = evaluate_reward(lambda: make_reward("vlm_rl"), data)
+    assert list(res["signal_auroc"]) == ["synth.clg"]
+    clg = make_reward("vlm_rl").parts["synth"][1].clg(data.batch())
+    danger, safe = data.labels["collision_1s"], data.labels["safe"] & ~data.labels["collision_1s"]
+    sel = danger | safe
+    assert res["signal_auroc"]["synth.clg"][0] == pytest.approx(auroc(-clg[sel], danger[sel]))
+    assert 0.0 <= res["signal_auroc"]["synth.clg"][1] <= 1.0 or math.isnan(res["signal_auroc"]["synth.clg"][1])

@@ -57,6 +57,9 @@ the step led to (``embedding``, what the agents store) and of the one it was tak
 - ``term_auroc`` (composites): the same AUROC for each weighted term of ``reward.explain`` on its
   own (e.g. ``task.progress`` against the semantic term), to see which part carries or spoils
   the signal.
+- ``signal_auroc`` (rewards with a contrastive score inside: VLM-RL, DriveVLM-RL): ``[AUROC,
+  speed-matched AUROC]`` of each part's raw CLG (the VLM's judgement before the reward's formula
+  uses it, e.g. as VLM-RL's target speed).
 - ``auroc_speed_matched`` (and ``term_auroc_speed_matched``): the AUROC counted only over pairs of
   a danger and a safe row driven at the same speed (:func:`stratified_auroc`, strata
   :func:`speed_strata`: standing, then ``SPEED_BIN_KMH`` bands). A reward that pays for speed
@@ -432,7 +435,7 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
     rows = np.arange(n)
     folds = [rows] if not _has_learning(reward_factory()) else \
         [rows[data.episode % 2 == 0], rows[data.episode % 2 == 1]]
-    vals, twins, terms, stats = np.full(n, np.nan), np.full(n, np.nan), {}, {}
+    vals, twins, terms, stats, signals = np.full(n, np.nan), np.full(n, np.nan), {}, {}, {}
     for k, score_rows in enumerate(folds):
         r = fresh()
         batch = data.batch()
@@ -449,13 +452,24 @@ def _score(reward_factory, data: HeldoutSet, learn_rounds: int, seed: int, text_
         parts = r.explain(sub)
         for key, v in parts.items():
             terms.setdefault(key, np.full(n, np.nan))[score_rows] = v
+        for key, v in _signals(r, sub).items():
+            signals.setdefault(key, np.full(n, np.nan))[score_rows] = v
         vals[score_rows] = np.sum(np.stack(list(parts.values())), axis=0)
         still = None if data.standstill_embedding is None else data.standstill_embedding[score_rows]
         twins[score_rows] = r(standstill_twin(sub, still))
         stats = {k: float(v) for k, v in (r.stats() or {}).items()
                  if isinstance(v, (int, float, np.number))}
         r.close()
-    return vals, twins, terms, stats
+    return vals, twins, terms, stats, signals
+
+
+def _signals(reward, batch) -> dict:
+    """The VLM's own judgement inside a reward, before the reward's formula uses it: each part's
+    raw contrastive score (``clg``: VLM-RL's and DriveVLM-RL's CLG, higher = safer), keyed
+    ``<part>.clg``."""
+    parts = reward.parts.items() if hasattr(reward, "parts") else [(reward.name, (1.0, reward))]
+    return {f"{name}.clg": np.asarray(part.clg(batch), np.float64)
+            for name, (_, part) in parts if hasattr(part, "clg")}
 
 
 def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, seed: int = 0,
@@ -464,7 +478,7 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
     on ``data``; returns ``(measures, per-row values)``."""
     from scipy.stats import spearmanr
 
-    vals, twins, terms, stats = _score(reward_factory, data, learn_rounds, seed, text_encoder)
+    vals, twins, terms, stats, signals = _score(reward_factory, data, learn_rounds, seed, text_encoder)
     lab = data.labels
     ok = np.isfinite(vals)
     danger, safe = lab["collision_1s"] & ok, lab["safe"] & ~lab["collision_1s"] & ok
@@ -494,6 +508,10 @@ def evaluate_reward(reward_factory, data: HeldoutSet, learn_rounds: int = 200, s
         res["term_auroc_speed_matched"] = {
             k: stratified_auroc(-v[sel], danger[sel], strata)[0] if np.isfinite(v[sel]).all()
             else float("nan") for k, v in terms.items()}
+    if signals:  # the VLM's score inside the reward: [AUROC, speed-matched AUROC]
+        res["signal_auroc"] = {
+            k: [auroc(-v[sel], danger[sel]), stratified_auroc(-v[sel], danger[sel], strata)[0]]
+            if np.isfinite(v[sel]).all() else [float("nan"), float("nan")] for k, v in signals.items()}
     return res, vals
 
 
