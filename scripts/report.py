@@ -39,6 +39,10 @@ def main(argv=None) -> dict:
                     help="also rewrite the marked tables of PAGE (docs/results.md) from this report: "
                          "blocks between <!-- report:NAME --> and <!-- /report:NAME -->, NAME in "
                          "table1, table2, ppo, heldout, guidance (drivemind.evaluation.results_md)")
+    ap.add_argument("--todo", action="store_true",
+                    help="also list what the study (experiment=study_*) still lacks: seeds to train per "
+                         "table and method, with the command and the method's mean wall time so far, "
+                         "and evaluations not on disk yet (in the JSON as 'todo')")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     args = ap.parse_args(argv)
     from drivemind.training.cli import run_cli
@@ -62,12 +66,28 @@ def _main(args) -> dict:
         runs = [r for r in find_runs([dest]) if r["path"].resolve() in kept]
     report = build_report(runs)
     summary = write_study_report(report, args.out)
+    spec = study_spec() if (args.results_md or args.todo) else None
     if args.results_md:
         from drivemind.evaluation.results_md import fill, render_blocks
 
         page = Path(args.results_md)
-        page.write_text(fill(page.read_text(), render_blocks(report, study_spec())))
+        page.write_text(fill(page.read_text(), render_blocks(report, spec)))
         print(f"[drivemind] rewrote the study tables of {page}", flush=True)
+    if args.todo:
+        from drivemind.evaluation.results_md import todo
+
+        summary["todo"] = todo(report, spec)
+        for it in summary["todo"]:
+            seeds = ",".join(str(s) for s in it["seeds"])
+            if it["what"] == "train":
+                est = f", ~{it['est_minutes']:g} min each so far" if it["est_minutes"] is not None else ""
+                print(f"[drivemind] todo {it['table']}: train {it['method']} seed(s) {seeds}{est}: "
+                      f"{it['command']}", flush=True)
+            else:
+                print(f"[drivemind] todo {it['table']}: evaluate {it['method']} seed(s) {seeds} on "
+                      f"{it['eval']}: {it['command']}", flush=True)
+        if not summary["todo"]:
+            print("[drivemind] todo: nothing, every table is complete", flush=True)
     print(f"[drivemind] {summary['runs']} runs, {len(summary['methods'])} methods "
           f"(seeds per method >= {summary['seeds_min']}); evaluations: "
           f"{', '.join(summary['evals']) or 'none'}; wrote {Path(args.out) / 'report.md'}", flush=True)

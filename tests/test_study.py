@@ -554,3 +554,28 @@ def test_a_plain_run_saves_the_traffic_settings_it_trained_with(real_run):
         assert saved[key] == getattr(TrafficParams(), key.rsplit(".", 1)[1])
     cfg, _ = resumed_config(real_run, {"total_timesteps": 200})
     assert flatten(cfg)["sim.traffic.junction_release"] == saved["sim.traffic.junction_release"]
+
+
+def test_report_lists_what_the_study_still_lacks_with_the_commands(study, tmp_path, capsys):
+    """report.py --todo: per table the seeds not trained (a failed run counts as not trained), with
+    the sweep command and the method's mean wall time so far, and the evaluations not on disk."""
+    root, a, b = study
+    res = load_script("report").main([str(a), str(b), "--out", str(tmp_path / "rep"), "--todo", "--json"])
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1])["todo"] == json.loads(json.dumps(res["todo"]))
+    train = {(i["table"], i["method"]): i for i in res["todo"] if i["what"] == "train"}
+    ev = {(i["method"], i["eval"]): i["seeds"] for i in res["todo"] if i["what"] == "evaluate"}
+    assert ("table1", "drivemind") not in train and ("table2", "drivemind reward.ablate=aicr") not in train
+    chen = train["table1", "chen"]
+    walls = [json.loads((b / n / "summary.json").read_text())["wall_s_total"] for n in ("0-chen-s0", "1-chen-s1")]
+    assert chen["seeds"] == [2] and chen["est_minutes"] == pytest.approx(sum(walls) / 2 / 60, abs=0.05)
+    assert chen["command"] == ("python scripts/train.py -m experiment=study_table1 "
+                               "'hydra.sweeper.params.reward=\"chen\"' 'hydra.sweeper.params.seed=\"2\"'")
+    assert train["table1", "tirl"]["seeds"] == [0, 1, 2] and train["table1", "tirl"]["est_minutes"] is None
+    assert train["table2", "drivemind reward.ablate=hvfr"]["command"].endswith(" reward.ablate=hvfr")
+    assert train["ppo", "drivemind"]["command"] == "python scripts/train.py -m experiment=study_ppo reward=drivemind seed=0,1,2"
+    assert train["guidance", "found_rl_clip algo.guidance=both"]["command"].endswith(" algo.guidance=both")
+    # Town01-dense is on disk for every drivemind seed, and for NoAICR but seed 1; Town03 for none
+    assert ("drivemind", "Town01-dense") not in ev and ev["drivemind", "Town03-regular"] == [0, 1, 2]
+    assert ev["drivemind reward.ablate=aicr", "Town01-dense"] == [1]
+    assert "todo table1: train chen seed(s) 2, ~" in out

@@ -136,6 +136,64 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in out.items()}
 
 
+def _seed_list(seeds) -> str:
+    return ",".join(str(s) for s in seeds)
+
+
+def todo(report: dict, spec: dict) -> list[dict]:
+    """What the study still lacks, from the same picks as :func:`render_blocks`: per table and
+    method the seeds not trained yet (``"train"``, with the command that trains them and the mean
+    wall time of the method's finished runs, ``est_minutes``, None when it has none), and per
+    trained method the evaluations not on disk yet (``"evaluate"``: ``scripts/study.py`` on the
+    runs' folders does them and skips what is there)."""
+    rows, t1, ppo = report["rows"], spec["table1"], spec["ppo"]
+    town, density = t1["train"]
+    wall = {m["label"]: [r["wall_s"] for r in m["ok"] if r.get("wall_s")] for m in report["methods"]}
+    items = []
+
+    def train(table, label, r, n, command):
+        done = {str(x) for x in (r["trained_seeds"] if r else [])}
+        seeds = [s for s in range(n) if str(s) not in done]
+        if seeds:
+            w = wall.get(r["method"]) if r else None
+            items.append({"what": "train", "table": table, "method": label, "seeds": seeds,
+                          "est_minutes": round(sum(w) / len(w) / 60, 1) if w else None,
+                          "command": command(_seed_list(seeds))})
+
+    def evaluate(table, label, algo, protocol, evals, **kw):
+        trained = pick(rows, protocol, algo=algo, town=town, density=density, **kw)
+        for (t, d) in evals:
+            r = pick(rows, protocol, algo=algo, town=t, density=d, **kw)
+            have = {str(x) for x in (r["seeds"] if r else [])}
+            seeds = [s for s in (trained["trained_seeds"] if trained else []) if str(s) not in have]
+            if seeds:
+                items.append({"what": "evaluate", "table": table, "method": label, "seeds": seeds,
+                              "eval": f"{t}-{d}", "command": "python scripts/study.py <the runs' sweep folders>"})
+
+    sweep = "python scripts/train.py -m experiment=study_table1 'hydra.sweeper.params.reward=\"{}\"' " \
+            "'hydra.sweeper.params.seed=\"{}\"'"
+    for rew in t1["rewards"]:
+        r = pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density)
+        train("table1", rew, r, t1["seeds"], lambda s, rew=rew: sweep.format(rew, s))
+        evaluate("table1", rew, "sac", t1["protocol"], t1["evals"], reward=rew)
+    for ab, _ in ABLATIONS[1:]:  # Full is Table 1's drivemind
+        r = pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac", town=town, density=density)
+        train("table2", f"drivemind reward.ablate={ab}", r, t1["seeds"],
+              lambda s, ab=ab: sweep.format("drivemind", s) + f" reward.ablate={ab}")
+        evaluate("table2", f"drivemind reward.ablate={ab}", "sac", t1["protocol"], t1["evals"],
+                 reward="drivemind", ablate=ab)
+    ptown, pdensity = ppo["train"]
+    for rew in ppo["rewards"]:
+        r = pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity)
+        train("ppo", rew, r, ppo["seeds"],
+              lambda s, rew=rew: f"python scripts/train.py -m experiment=study_ppo reward={rew} seed={s}")
+    r = pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town, density=density,
+             overrides={"algo.guidance": "both"})
+    train("guidance", "found_rl_clip algo.guidance=both", r, t1["seeds"],
+          lambda s: sweep.format("found_rl_clip", s) + " algo.guidance=both")
+    return items
+
+
 def fill(text: str, blocks: dict[str, str]) -> str:
     """``text`` with each marked block replaced; raises naming every block whose markers are
     missing or out of order (the page is left untouched then)."""

@@ -249,7 +249,7 @@ def build_report(runs: list[dict]) -> dict:
                    "ablate": m["values"]["reward.ablate"], "algo": m["values"]["algo.name"],
                    "extra": {k: v for k, v in m["values"].items() if k not in PRIMARY},
                    "town": town, "density": density, "n": len(have), "runs": len(m["ok"]),
-                   "seeds": sorted({r["seed"] for r in have}, key=str),
+                   "seeds": sorted({r["seed"] for r in have}, key=str), "trained_seeds": m["seeds"],
                    "missing": [r["name"] for r in m["ok"] if (town, density) not in r["evals"]],
                    "failed": [r["name"] for r in m["failed"]]}
             for k in METRIC_KEYS:
