@@ -109,6 +109,25 @@ def test_tiny_multi_family_run_is_deterministic_and_finite(frames, text):
         train_multi(frames.frames[:5], t, text, **kw)
 
 
+def test_training_on_rows_in_place_equals_training_on_their_copy(frames, text):
+    """``train_multi(rows=...)`` (what ``train_bev_clip.py`` does with its training segments)
+    reads the rows batch by batch and gives the tower ``train_multi(frames[rows])`` gives."""
+    from drivemind.vlm.bev_clip_train import train_multi
+
+    rows = np.flatnonzero(np.arange(len(frames.frames)) % 3 != 1)
+    t = frame_targets([frames.infos[i] for i in rows], frames.polarity[rows], np.random.default_rng(0))
+    safe, danger = polarity_prompts()
+    kw = dict(safe=safe, danger=danger, epochs=1, batch_size=32, seed=3)
+    copied = train_multi(frames.frames[rows], t, text, **kw)
+    in_place = train_multi(frames.frames, t, text, rows=rows, **kw)
+    for k, v in copied.state_dict().items():
+        assert torch.equal(v, in_place.state_dict()[k]), k
+    with pytest.raises(ValueError, match="rows must ascend"):
+        train_multi(frames.frames, t, text, rows=rows[::-1], **kw)
+    with pytest.raises(ValueError, match="targets"):
+        train_multi(frames.frames, t, text, rows=rows[:5], **kw)
+
+
 def test_tiny_speed_tower_run_is_deterministic(frames, text):
     """``train_multi(speed_kmh=...)`` (``train_bev_clip.py --speed-input``): a speed tower, the
     same tensors on a second run, the speeds it was trained with needed to evaluate it."""

@@ -128,7 +128,8 @@ def _batch_loss(model: BevClip, x: torch.Tensor, b: np.ndarray, t: _Texts, targe
 def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: int = 6,
                 batch_size: int = 128, lr: float = 2e-3, weight_decay: float = 1e-4, seed: int = 0,
                 danger_repeat: int = 4, channel_names=None, weights: dict | None = None, progress: bool = False,
-                log=None, speed_kmh=None, lane_input: bool = False, lane_bev: dict | None = None) -> BevClip:
+                log=None, speed_kmh=None, lane_input: bool = False, lane_bev: dict | None = None,
+                rows=None) -> BevClip:
     """Fit a BevClip on uint8 frames (N, C, H, W) and their ``targets``
     (:func:`drivemind.vlm.supervision.frame_targets`) with the losses of the module docstring.
     Danger frames (polarity -1) appear ``danger_repeat`` times per epoch (they are few).
@@ -136,11 +137,19 @@ def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: in
     (``BevClip(speed_input=True)``: the speed fused into its hidden layer), else image-only.
     ``lane_input``: the tower also reads the route-band lateral readout of each frame
     (``BevClip(lane_input=True)``, computed from the frame's own route plane; ``lane_bev``: the
-    frames' BevConfig as a dict, default the preset of their shape). Deterministic for a seed (one torch thread)."""
+    frames' BevConfig as a dict, default the preset of their shape). ``rows``: train on these rows
+    of ``frames`` only (ascending; ``targets`` and ``speed_kmh`` are theirs), read batch by batch
+    instead of copied out first, the same as passing ``frames[rows]`` with half the peak memory.
+    Deterministic for a seed (one torch thread)."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.dtype != np.uint8:
         raise ValueError(f"frames must be uint8 (N, C, H, W), got {frames.dtype} {frames.shape}")
-    n, c, h, w = frames.shape
+    _, c, h, w = frames.shape
+    if rows is not None:
+        rows = np.asarray(rows, np.int64)
+        if len(rows) and (np.any(np.diff(rows) <= 0) or rows[0] < 0 or rows[-1] >= len(frames)):
+            raise ValueError(f"rows must ascend within 0..{len(frames) - 1}")
+    n = len(frames) if rows is None else len(rows)
     if len(targets["scene"]) != n:
         raise ValueError(f"{n} frames but {len(targets['scene'])} targets")
     if h != w:
@@ -171,7 +180,8 @@ def train_multi(frames, targets: dict, text_encoder, *, safe, danger, epochs: in
         sums: dict = {}
         for i in range(steps):
             b = np.sort(order[i * batch_size:(i + 1) * batch_size])
-            x = model(torch.as_tensor(frames[b]), None if speed_kmh is None else speed_kmh[b])
+            x = model(torch.as_tensor(frames[b if rows is None else rows[b]]),
+                      None if speed_kmh is None else speed_kmh[b])
             loss, parts = _batch_loss(model, x, b, texts, targets, rng, weights)
             opt.zero_grad(set_to_none=True)
             loss.backward()
