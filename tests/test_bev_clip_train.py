@@ -22,6 +22,19 @@ def frames():
     return collect_frames(["grid"], ["dense"], ["random", "perturbed"], steps=160, every=3, seed=1)
 
 
+def test_frames_collected_in_small_blocks_are_the_same_frames(frames, monkeypatch):
+    """collect_frames keeps frames in blocks and joins them at the end: blocks of 9 frames (many
+    boundaries, a partial last block) give the same frames and labels as the fixture's."""
+    import drivemind.vlm.supervision as sup
+
+    monkeypatch.setattr(sup, "BLOCK_FRAMES", 9)
+    again = collect_frames(["grid"], ["dense"], ["random", "perturbed"], steps=160, every=3, seed=1)
+    assert len(frames.frames) > 18 and len(frames.frames) % 9 != 0
+    assert np.array_equal(again.frames, frames.frames) and np.array_equal(again.polarity, frames.polarity)
+    capped = collect_frames(["grid"], ["dense"], ["random"], steps=160, every=3, seed=1, max_frames=10)
+    assert np.array_equal(capped.frames, frames.frames[:10])
+
+
 def test_config_prompts_cover_every_papers_pair():
     safe, danger = config_prompts()
     # DriveMind / AICR static, VLM-RL / DriveVLM-RL, VLM-SR, RoboCLIP / VLM-RM

@@ -126,6 +126,9 @@ def check_training_towns(towns, seed: int) -> None:
                          f"({HELDOUT_SEED} and up); use a seed below {HELDOUT_SEED}")
 
 
+BLOCK_FRAMES = 1024  # collect_frames' block size
+
+
 def collect_frames(towns, densities, drivers=DRIVERS, steps: int = 1000, every: int = 4,
                    seed: int = 0, bev="cpu", segment: int = 100, danger_s: float = DANGER_S,
                    keep_s: float = KEEP_S, progress=None, max_frames: int | None = None) -> FrameSet:
@@ -136,8 +139,9 @@ def collect_frames(towns, densities, drivers=DRIVERS, steps: int = 1000, every: 
     check_training_towns(towns, seed)
     check_drivers(drivers)
     combos = [(t, d, dr) for t in towns for d in densities for dr in drivers]
-    shape = None
-    buf, infos, pol, segs, srcs = None, [], [], [], []
+    # frames go into blocks of BLOCK_FRAMES (a buffer for the worst case, every step kept, is more
+    # than a 192 px preset's memory allows), copied into one array at the end block by block
+    blocks, infos, pol, segs, srcs = [], [], [], [], []
     cap = max_frames or len(combos) * int(steps)
     for k, (town, density, driver) in enumerate(combos):
         env = DriveEnv(town, density, bev=bev)
@@ -146,7 +150,7 @@ def collect_frames(towns, densities, drivers=DRIVERS, steps: int = 1000, every: 
         episode, ep = [], 0
 
         def flush(ended: bool):
-            nonlocal buf, shape, ep
+            nonlocal ep
             if not episode:
                 return
             inf = [e[1] for e in episode]
@@ -160,10 +164,11 @@ def collect_frames(towns, densities, drivers=DRIVERS, steps: int = 1000, every: 
             for i in np.flatnonzero(keep):
                 if len(infos) >= cap:
                     break
-                if buf is None:
-                    shape = episode[i][0].shape
-                    buf = np.empty((cap,) + shape, np.uint8)  # pages are touched only when filled
-                buf[len(infos)] = episode[i][0]
+                j = len(infos) % BLOCK_FRAMES
+                if j == 0:
+                    blocks.append(np.empty((min(BLOCK_FRAMES, cap - len(infos)),) + episode[i][0].shape,
+                                           np.uint8))
+                blocks[-1][j] = episode[i][0]
                 infos.append(inf[i])
                 pol.append(int(p[i]))
                 segs.append(f"{town}/{density}/{driver}/{ep}/{i // segment}")
@@ -183,7 +188,14 @@ def collect_frames(towns, densities, drivers=DRIVERS, steps: int = 1000, every: 
         flush(False)
         env.close()
     n = len(infos)
-    frames = buf[:n] if buf is not None else np.zeros((0, 1, 1, 1), np.uint8)
+    if not blocks:
+        return FrameSet(np.zeros((0, 1, 1, 1), np.uint8), infos, np.asarray(pol, np.int64), segs, srcs)
+    frames = np.empty((n,) + blocks[0].shape[1:], np.uint8)
+    at = 0
+    while blocks:  # freed as copied: the peak is the frames plus one block
+        b = blocks.pop(0)[: n - at]
+        frames[at: at + len(b)] = b
+        at += len(b)
     return FrameSet(frames, infos, np.asarray(pol, np.int64), segs, srcs)
 
 
