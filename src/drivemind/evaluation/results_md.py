@@ -160,8 +160,9 @@ def todo(report: dict, spec: dict) -> list[dict]:
                           "est_minutes": round(sum(w) / len(w) / 60, 1) if w else None,
                           "command": command(_seed_list(seeds))})
 
-    def evaluate(table, label, algo, protocol, evals, **kw):
-        trained = pick(rows, protocol, algo=algo, town=town, density=density, **kw)
+    def evaluate(table, label, algo, spec_, **kw):
+        protocol, evals = spec_["protocol"], spec_["evals"]
+        trained = pick(rows, protocol, algo=algo, town=spec_["train"][0], density=spec_["train"][1], **kw)
         for (t, d) in evals:
             r = pick(rows, protocol, algo=algo, town=t, density=d, **kw)
             have = {str(x) for x in (r["seeds"] if r else [])}
@@ -175,18 +176,18 @@ def todo(report: dict, spec: dict) -> list[dict]:
     for rew in t1["rewards"]:
         r = pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density)
         train("table1", rew, r, t1["seeds"], lambda s, rew=rew: sweep.format(rew, s))
-        evaluate("table1", rew, "sac", t1["protocol"], t1["evals"], reward=rew)
+        evaluate("table1", rew, "sac", t1, reward=rew)
     for ab, _ in ABLATIONS[1:]:  # Full is Table 1's drivemind
         r = pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac", town=town, density=density)
         train("table2", f"drivemind reward.ablate={ab}", r, t1["seeds"],
               lambda s, ab=ab: sweep.format("drivemind", s) + f" reward.ablate={ab}")
-        evaluate("table2", f"drivemind reward.ablate={ab}", "sac", t1["protocol"], t1["evals"],
-                 reward="drivemind", ablate=ab)
+        evaluate("table2", f"drivemind reward.ablate={ab}", "sac", t1, reward="drivemind", ablate=ab)
     ptown, pdensity = ppo["train"]
     for rew in ppo["rewards"]:
         r = pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity)
         train("ppo", rew, r, ppo["seeds"],
               lambda s, rew=rew: f"python scripts/train.py -m experiment=study_ppo reward={rew} seed={s}")
+        evaluate("ppo", rew, "ppo", ppo, reward=rew)
     r = pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town, density=density,
              overrides={"algo.guidance": "both"})
     train("guidance", "found_rl_clip algo.guidance=both", r, t1["seeds"],
