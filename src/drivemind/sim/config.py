@@ -73,6 +73,11 @@ class TrafficParams:
     mobil_politeness: float = 0.3  # share of the new follower's loss counted against a change
     mobil_threshold: float = 0.3  # m/s^2 a change must gain
     mobil_b_safe: float = 3.0  # m/s^2: the new follower may have to brake at most this hard
+    overtake: str = "oncoming"  # oncoming: a vehicle passes a slow leader (a bicycle; one standing
+    #                             with nothing ahead of it) in the adjacent lane of the opposite
+    #                             direction when it is free for the whole manoeuvre, outside and
+    #                             not just before junctions, never over a solid line; off: never
+    #                             (the behaviour before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -83,7 +88,10 @@ class TrafficParams:
 # the traffic from before them. The study configs (configs/experiment/study_*.yaml) pin exactly
 # these, and a study run trained before they existed (its config lacks them) is evaluated with them
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
-STUDY_TRAFFIC = {"junction_release": "connector"}
+STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "off"}
+
+
+OVERTAKE = ("oncoming", "off")  # the values of TrafficParams.overtake
 
 
 @dataclass(frozen=True)
@@ -114,6 +122,9 @@ class SimConfig:
         if self.traffic.junction_release not in ("crossing", "connector"):
             raise ValueError(f"traffic.junction_release must be one of crossing, connector; got "
                              f"{self.traffic.junction_release!r}")
+        if self.traffic.overtake not in OVERTAKE:
+            raise ValueError(f"traffic.overtake must be one of {', '.join(OVERTAKE)}; got "
+                             f"{self.traffic.overtake!r}")
         if not (math.isfinite(self.traffic.release_margin) and self.traffic.release_margin >= 0):
             raise ValueError(f"traffic.release_margin must be a non-negative number of metres, got "
                              f"{self.traffic.release_margin!r}")
