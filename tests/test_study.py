@@ -357,6 +357,7 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
 # (tests/test_junction_release.py checks that the value reproduces the traffic from before).
 ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.junction_release": "connector",  # docs/simulator.md, "Junction reservations"
+    "sim.traffic.overtake": "never",  # docs/simulator.md, "Overtaking in the oncoming lane"
 }
 
 
@@ -374,8 +375,9 @@ def test_the_study_configs_pin_the_settings_added_after_the_study_began():
             assert cfg.get(key, "<absent>") == old, f"experiment=study_{name} must pin {key}={old}"
         # ... and the pin reaches the world the study's env builds
         sim = _sim_config("regular", env_kwargs(resolved(f"experiment=study_{name}"))["sim"])
-        assert sim.traffic.junction_release == "connector"
-    assert flatten(resolved()).get("sim.traffic.junction_release", "<absent>") == "<absent>"
+        assert sim.traffic.junction_release == "connector" and sim.traffic.overtake == "never"
+    for key in ADDED_AFTER_THE_STUDY_BEGAN:  # the defaults (new runs) are the new behaviour
+        assert flatten(resolved()).get(key, "<absent>") == "<absent>"
 
 
 def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
@@ -503,6 +505,8 @@ def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world
         evaluate_run(run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5)
     traffic = [((s or {}).get("traffic") or {}).get("junction_release") for s in seen]
     assert traffic == ["connector", "crossing", None]
+    # a setting the study run names none of gets its old value too
+    assert [((s or {}).get("traffic") or {}).get("overtake") for s in seen] == ["never", "never", None]
 
 
 def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(real_run, tmp_path):
@@ -515,5 +519,6 @@ def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(r
     for run in runs_around_a_traffic_setting(real_run, tmp_path):
         cfg, entry = resumed_config(run, {"total_timesteps": 500})
         assert entry is not None and cfg["total_timesteps"] == 500
-        got.append((((cfg.get("sim") or {}).get("traffic")) or {}).get("junction_release"))
-    assert got == ["connector", "crossing", None]
+        traffic = ((cfg.get("sim") or {}).get("traffic")) or {}
+        got.append((traffic.get("junction_release"), traffic.get("overtake")))
+    assert got == [("connector", "never"), ("crossing", "never"), (None, None)]

@@ -76,7 +76,7 @@ class TrafficParams:
     overtake: str = "oncoming"  # oncoming: a vehicle passes a slow leader (a bicycle; one standing
     #                             with nothing ahead of it) in the adjacent lane of the opposite
     #                             direction when it is free for the whole manoeuvre, outside and
-    #                             not just before junctions, never over a solid line; off: never
+    #                             not just before junctions, never over a solid line; never: no
     #                             (the behaviour before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
@@ -88,10 +88,11 @@ class TrafficParams:
 # the traffic from before them. The study configs (configs/experiment/study_*.yaml) pin exactly
 # these, and a study run trained before they existed (its config lacks them) is evaluated with them
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
-STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "off"}
+STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never"}
 
 
-OVERTAKE = ("oncoming", "off")  # the values of TrafficParams.overtake
+# the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
+OVERTAKE = ("oncoming", "never")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ BLOCKED_LIGHT = -3  # a red or yellow light
 STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted
 # overtaking in the oncoming lane (traffic.overtake; :func:`overtakes`)
 OTK_OFF, OTK_OUT, OTK_BACK, OTK_FALL = 0, 1, 2, 3  # overtake states (world.v_otk)
-OVERTAKE_END = 30.0  # m: an overtake must be back in its lane this far before the lane's end
+OVERTAKE_END = 20.0  # m: an overtake must be back in its lane this far before the lane's end
 OVERTAKE_SLOWER = 2.5  # m/s: a leader whose desired speed is at least this much below ours is slow
 OVERTAKE_REACH = 20.0  # m: a slow leader is overtaken from at most this gap behind it
 OVERTAKE_STAND = 5.0  # s a leader with nothing ahead of it has stood before it is overtaken
