@@ -569,10 +569,11 @@ def traffic_step(
                         continue
                 if k == 0 and sj <= s[i]:
                     continue
-                if n_otk > 0 and ((otk[i] != OTK_OFF and otk_of[i] == j) or
-                                  (otk[j] != OTK_OFF and otk_of[j] == i)):
+                if n_otk > 0 and (((otk[i] == OTK_OUT or otk[i] == OTK_FALL) and otk_of[i] == j)
+                                  or ((otk[j] == OTK_OUT or otk[j] == OTK_FALL) and otk_of[j] == i)):
+                    # side by side, one out in the oncoming lane (one going back in follows again)
                     if abs(lat[i] - lat[j]) >= hw[i] + hw[j] + OVERTAKE_SIDE:
-                        continue  # side by side, one out in the oncoming lane
+                        continue
                 g = cum + sj - hl[j] - hl[i]
                 if g < gap:
                     gap = g

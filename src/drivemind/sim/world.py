@@ -5,7 +5,8 @@
     snap = world.step((steer, throttle_brake))
 
 Ego: kinematic bicycle. Background vehicles (cars, motorcycles, bicycles): IDM along lane paths
-with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, junction
+with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, overtaking
+a slow leader in the oncoming lane of a two-way road (``traffic.overtake``), junction
 reservations (a connector is entered only when no conflicting connector is reserved or occupied
 by a vehicle not yet past the crossing, and the exit has room; long waiters are not starved),
 traffic lights (two-phase, vehicle-actuated by default), and as a last resort a respawn of a
@@ -442,9 +443,10 @@ class LiteWorld:
                 self.v_lat, self.v_lcfrom, self.v_lctimer, np.array([e["x"], e["y"]]), ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
                 tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
-        if n and self._overtake:
+        decide = self.frame % LC_EVERY == 0
+        if n and self._overtake and (decide or self.v_otk.any()):
             st, ab = K.overtakes(
-                dt, self.frame % LC_EVERY == 0, *self._m, self.map.junction, self.pred,
+                dt, decide, *self._m, self.map.junction, self.pred,
                 self.map.left, self.map.right, self.map.left_same_dir, self.map.right_same_dir,
                 self._pass_left, self._pass_right, self.lane_vmax, self.v_lane, self.v_s, self.v_v,
                 self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_path,
