@@ -1114,10 +1114,11 @@ def _overtake_plan(i, j, lane, s, v, hl, hw, vfac, vcap, amax, lane_vmax, s0, ou
 
 
 @nb.njit(cache=True)
-def _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, li, o, s_from,
-                    s_to, t_left):
+def _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, left, right,
+                    left_same, right_same, li, o, s_from, s_to, t_left):
     """Whether the oncoming lane ``o`` beside lane ``li`` (and the lanes leading into it, two
-    deep) is free for an overtake from ``s_from`` to ``s_to`` (along ``li``) lasting ``t_left``
+    deep, and the lanes of its direction beside it, from which a vehicle may change into it) is
+    free for an overtake from ``s_from`` to ``s_to`` (along ``li``) lasting ``t_left``
     s: no vehicle on it there, nor one that could get there meanwhile at its desired speed (plus
     OVERTAKE_MARGIN_T s and OVERTAKE_MARGIN_M m); no other overtake under way on ``li`` near."""
     n = lane.shape[0]
@@ -1133,6 +1134,8 @@ def _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred,
         p = -INF  # k's position along li (oncoming: it drives towards smaller p)
         if lk == o:
             p = (length[o] - s[k]) * ratio
+        elif (lk == left[o] and left_same[o]) or (lk == right[o] and right_same[o]):
+            p = (length[lk] - s[k]) * length[li] / max(length[lk], 1e-3)
         else:
             for q in range(pred.shape[1]):
                 p1 = pred[o, q]
@@ -1168,9 +1171,10 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
 
     Each step, for every vehicle overtaking (``otk`` OTK_OUT): back into its lane (OTK_BACK)
     once its rear is s0 + 0.5 s x the leader's speed past the leader's front; while its front is
-    not yet beside the leader, back in behind it (abort) as soon as the oncoming lane is no
-    longer free for the rest of the manoeuvre; beside it, it goes on if the rest still fits,
-    else it drops back behind the leader before pulling in (OTK_FALL). With ``decide`` (at
+    not yet beside the leader, back in behind it (abort; following it again) as soon as the rest
+    of the manoeuvre no longer fits (the oncoming lane no longer free, the ego nearer than the
+    reach below, the lane's end); beside it, it goes on if the rest still fits, else it drops
+    back behind the leader before pulling in (OTK_FALL). With ``decide`` (at
     2 Hz), a vehicle starts one when
 
     - its leader on its lane is slow: its desired speed is OVERTAKE_SLOWER below ours (a
@@ -1215,9 +1219,13 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
                                       otk_off[i], lat[i])
         s_end = s[i] + dist
         ok = t_left < INF and s_end <= length[li] - 0.5 * OVERTAKE_END
+        if ok:  # the ego still well away
+            reach = dist + max(ego_v, 8.3) * t_left + 20.0
+            ok = (ego_xy[0] - xy[i, 0]) ** 2 + (ego_xy[1] - xy[i, 1]) ** 2 >= reach * reach
         if ok:
-            ok = _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, li,
-                                 o, s[i] - hl[i], s_end + hl[i], t_left)
+            ok = _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, left,
+                                 right, left_same, right_same, li, o, s[i] - hl[i], s_end + hl[i],
+                                 t_left)
         if ok:
             continue
         aborted += 1
@@ -1302,8 +1310,9 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
                     break
         if not free:
             continue
-        if not _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, li, o,
-                               s[i] - hl[i], s_end + hl[i], t_man):
+        if not _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, left,
+                               right, left_same, right_same, li, o, s[i] - hl[i], s_end + hl[i],
+                               t_man):
             continue
         otk[i] = OTK_OUT
         otk_of[i] = j
