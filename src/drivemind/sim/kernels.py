@@ -1248,6 +1248,8 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
             side_ok = pass_right
         else:
             continue
+        if not side_ok[min(offset[li] + int(s[i] / max(ds[li], 1e-6)), offset[li + 1] - 1)]:
+            continue  # a solid line here (checked all the way below)
         # the leader on this lane
         j = -1
         sj = INF
