@@ -358,6 +358,7 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
 ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.junction_release": "connector",  # docs/simulator.md, "Junction reservations"
     "sim.traffic.overtake": "never",  # docs/simulator.md, "Overtaking in the oncoming lane"
+    "sim.traffic.max_green": None,  # docs/simulator.md, "Traffic lights" (None: green, 10 s)
 }
 
 
@@ -376,6 +377,7 @@ def test_the_study_configs_pin_the_settings_added_after_the_study_began():
         # ... and the pin reaches the world the study's env builds
         sim = _sim_config("regular", env_kwargs(resolved(f"experiment=study_{name}"))["sim"])
         assert sim.traffic.junction_release == "connector" and sim.traffic.overtake == "never"
+        assert sim.traffic.max_green is None
     for key in ADDED_AFTER_THE_STUDY_BEGAN:  # the defaults (new runs) are the new behaviour
         assert flatten(resolved()).get(key, "<absent>") == "<absent>"
 
@@ -507,6 +509,8 @@ def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world
     assert traffic == ["connector", "crossing", None]
     # a setting the study run names none of gets its old value too
     assert [((s or {}).get("traffic") or {}).get("overtake") for s in seen] == ["never", "never", None]
+    assert [((s or {}).get("traffic") or {}).get("max_green", "<absent>") for s in seen] == [
+        None, None, "<absent>"]
 
 
 def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(real_run, tmp_path):
@@ -520,5 +524,7 @@ def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(r
         cfg, entry = resumed_config(run, {"total_timesteps": 500})
         assert entry is not None and cfg["total_timesteps"] == 500
         traffic = ((cfg.get("sim") or {}).get("traffic")) or {}
-        got.append((traffic.get("junction_release"), traffic.get("overtake")))
-    assert got == [("connector", "never"), ("crossing", "never"), (None, None)]
+        got.append((traffic.get("junction_release"), traffic.get("overtake"),
+                    traffic.get("max_green", "<absent>")))
+    assert got == [("connector", "never", None), ("crossing", "never", None),
+                   (None, None, "<absent>")]

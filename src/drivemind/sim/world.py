@@ -83,6 +83,8 @@ class LiteWorld:
         self.clear = tab["clear"] if self._release else np.zeros((1, 1))
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
+        # actuated signals: the longest green while another phase has demand
+        self._max_green = tp.green if tp.max_green is None else tp.max_green
         # any lane with a neighbour of its own direction (else no lane changes to consider)
         self._multilane = bool(np.any((roadmap.left >= 0) & roadmap.left_same_dir)
                                or np.any((roadmap.right >= 0) & roadmap.right_same_dir))
@@ -523,7 +525,7 @@ class LiteWorld:
             K.light_demand(self.v_lane, self.v_s, self.map.length, lt.lane_light, ego_lane, ego_s,
                            tp.detector_distance, self._demand)
             K.lights_actuated(dt, lt.junction_groups, lt.phase, lt.junction_phases, self._demand,
-                              tp.min_green, tp.green, tp.yellow, tp.all_red, self.sig_phase,
+                              tp.min_green, self._max_green, tp.yellow, tp.all_red, self.sig_phase,
                               self.sig_stage, self.sig_timer, self.light_state)
         elif len(lt.junction_groups):
             K.light_states(self.time, self.light_offset, lt.junction_groups, lt.phase,
