@@ -569,13 +569,15 @@ def traffic_step(
                         continue
                 if k == 0 and sj <= s[i]:
                     continue
-                if n_otk > 0 and (((otk[i] == OTK_OUT or otk[i] == OTK_FALL) and otk_of[i] == j)
-                                  or ((otk[j] == OTK_OUT or otk[j] == OTK_FALL) and otk_of[j] == i)):
-                    # side by side, one out in the oncoming lane (one going back in follows again)
-                    if abs(lat[i] - lat[j]) >= hw[i] + hw[j] + OVERTAKE_SIDE:
-                        continue
                 g = cum + sj - hl[j] - hl[i]
                 if g < gap:
+                    if n_otk > 0 and (((otk[i] == OTK_OUT or otk[i] == OTK_FALL) and otk_of[i] == j)
+                                      or ((otk[j] == OTK_OUT or otk[j] == OTK_FALL)
+                                          and otk_of[j] == i)):
+                        # side by side, one out in the oncoming lane (one going back in follows
+                        # again)
+                        if abs(lat[i] - lat[j]) >= hw[i] + hw[j] + OVERTAKE_SIDE:
+                            continue
                     gap = g
                     vl = v[j]
                     src = j
@@ -1191,7 +1193,7 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
       manoeuvre's length + its speed (at least 30 km/h) x the manoeuvre's time + 20 m, and no
       walker is crossing within the manoeuvre's length + 10 m.
 
-    Returns (overtakes started, aborted)."""
+    Returns (overtakes started, aborted, vehicles with an overtake under way)."""
     n = lane.shape[0]
     started = 0
     aborted = 0
@@ -1234,7 +1236,7 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
         else:
             otk[i] = OTK_FALL
     if not decide:
-        return started, aborted
+        return started, aborted, _count_active(otk)
     for i in range(n):
         li = lane[i]
         if (otk[i] != OTK_OFF or lat[i] != 0.0 or lcfrom[i] >= 0 or grant[i] >= 0
@@ -1322,4 +1324,13 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
         otk_lane[i] = o
         otk_t[i] = 0.0
         started += 1
-    return started, aborted
+    return started, aborted, _count_active(otk)
+
+
+@nb.njit(cache=True, inline="always")
+def _count_active(otk):
+    c = 0
+    for i in range(otk.shape[0]):
+        if otk[i] != OTK_OFF:
+            c += 1
+    return c

@@ -211,6 +211,7 @@ class LiteWorld:
         self.v_otk_off = np.zeros(n)
         self.v_otk_lane = np.full(n, -1, np.int64)
         self.v_otk_t = np.zeros(n)
+        self._otk_active = 0  # overtakes under way after the last kernels.overtakes call
         self.v_hl, self.v_hw, self.v_vcap = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
         # each vehicle's own offset around the lane's limit (as the Traffic Manager's per-vehicle
@@ -446,8 +447,8 @@ class LiteWorld:
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
                 tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
         decide = self.frame % LC_EVERY == 0
-        if n and self._overtake and (decide or self.v_otk.any()):
-            st, ab = K.overtakes(
+        if n and self._overtake and (decide or self._otk_active):
+            st, ab, self._otk_active = K.overtakes(
                 dt, decide, *self._m, self.map.junction, self.pred,
                 self.map.left, self.map.right, self.map.left_same_dir, self.map.right_same_dir,
                 self._pass_left, self._pass_right, self.lane_vmax, self.v_lane, self.v_s, self.v_v,
