@@ -10,7 +10,8 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      traffic flowed (mean NPC speed, share of NPCs stopped at the end, npc_max_stuck_s: the
      longest standing time of a vehicle not at a red light, npc_respawns: vehicles moved by the
      last-resort respawn after traffic.stuck_respawn seconds, npc_wait_cycles: waits-for cycles
-     (deadlocks) found and broken). --traffic KEY=VALUE (repeatable) sets a sim.traffic setting
+     (deadlocks) found and broken, npc_overtakes / npc_overtake_aborts: overtakes in the oncoming
+     lane started / given up). --traffic KEY=VALUE (repeatable) sets a sim.traffic setting
      (src/drivemind/sim/config.py: TrafficParams), e.g. --traffic junction_release=connector for
      the junction rule from before; the JSON echoes them as "traffic". --breakdown adds where
      the NPCs' time goes ("breakdown": shares of vehicle-time moving, split by what limits the
@@ -331,6 +332,7 @@ def bench_sim(args) -> dict:
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
         "npc_wait_cycles": world.npc_wait_cycles,
+        "npc_overtakes": world.npc_overtakes, "npc_overtake_aborts": world.npc_overtake_aborts,
         **({"breakdown": breakdown.result()} if breakdown is not None else {}),
         "ego_routes_completed": routes, "ego_collisions": ego_collisions,
         "one_core": pinned, **machine(),

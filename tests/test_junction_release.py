@@ -1,6 +1,7 @@
-"""traffic.junction_release: the old rule ('connector') still gives the traffic it gave before the
-setting existed, bit for bit; the new one ('crossing') lets a vehicle waiting at a junction go once
-the one crossing its way is past the crossing point, with no contact."""
+"""traffic.junction_release, traffic.overtake and traffic.max_green: their old values
+('connector', 'never', None: the study's) still give the traffic from before the settings
+existed, bit for bit; the new junction rule ('crossing') lets a vehicle waiting at a junction go
+once the one crossing its way is past the crossing point, with no contact."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ BEFORE = Path(__file__).parent / "data" / "traffic_before_junction_release.npz"
 CASES = [("Town02", "dense", 1), ("grid", "drivevlm", 2), ("Town03", "dense", 3)]
 STEPS, EVERY = 1200, 40
 # the settings added since then, at the values that give the behaviour from before
-OLD = dict(junction_release="connector")
+# (sim.config.STUDY_TRAFFIC; test_the_old_values_are_the_study_s checks they are the same)
+OLD = dict(junction_release="connector", overtake="never", max_green=None)
 
 
 def _record(town, density, seed, **traffic):
@@ -49,10 +51,17 @@ def test_the_old_junction_release_reproduces_the_traffic_from_before_bit_for_bit
         assert np.array_equal(veh, before[f"{key}_veh"]), f"{key}: vehicles moved otherwise"
         assert np.array_equal(walk, before[f"{key}_walk"]), f"{key}: walkers moved otherwise"
         assert np.array_equal(light, before[f"{key}_light"]), f"{key}: lights changed otherwise"
-        new, _, _, w = _record(town, density, seed)  # the default: junction_release='crossing'
-        assert w.cfg.traffic.junction_release == "crossing"
+        new, _, _, w = _record(town, density, seed)  # the defaults: 'crossing', 'oncoming'
+        assert w.cfg.traffic.junction_release == "crossing" and w.cfg.traffic.overtake == "oncoming"
+        assert w.cfg.traffic.max_green == 30.0
         differs |= not np.array_equal(new, veh)
     assert differs  # the setting changes the traffic (so the comparison above means something)
+
+
+def test_the_old_values_are_the_study_s():
+    from drivemind.sim.config import STUDY_TRAFFIC
+
+    assert OLD == STUDY_TRAFFIC
 
 
 def _crossing_pair(world):

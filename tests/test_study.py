@@ -357,6 +357,8 @@ def test_study_script_evaluates_then_skips_what_is_on_disk(real_run, tmp_path, c
 # (tests/test_junction_release.py checks that the value reproduces the traffic from before).
 ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.junction_release": "connector",  # docs/simulator.md, "Junction reservations"
+    "sim.traffic.overtake": "never",  # docs/simulator.md, "Overtaking in the oncoming lane"
+    "sim.traffic.max_green": None,  # docs/simulator.md, "Traffic lights" (None: green, 10 s)
 }
 
 
@@ -374,13 +376,15 @@ def test_the_study_configs_pin_the_settings_added_after_the_study_began():
             assert cfg.get(key, "<absent>") == old, f"experiment=study_{name} must pin {key}={old}"
         # ... and the pin reaches the world the study's env builds
         sim = _sim_config("regular", env_kwargs(resolved(f"experiment=study_{name}"))["sim"])
-        assert sim.traffic.junction_release == "connector"
+        assert sim.traffic.junction_release == "connector" and sim.traffic.overtake == "never"
+        assert sim.traffic.max_green is None
 
-    # a plain run's config names each of them with its default, so its saved config records its world
+    # a plain run's config names each of them with its default (configs/sim/lite.yaml), so its saved
+    # config records the world it trained in
     from drivemind.sim.config import TrafficParams
 
     plain = flatten(resolved())
-    for key in ADDED_AFTER_THE_STUDY_BEGAN:
+    for key in ADDED_AFTER_THE_STUDY_BEGAN:  # the defaults (new runs) are the new behaviour
         assert plain.get(key, "<absent>") == getattr(TrafficParams(), key.rsplit(".", 1)[1]), key
 
 
@@ -511,6 +515,10 @@ def test_a_study_run_from_before_a_traffic_setting_is_evaluated_in_the_old_world
         evaluate_run(run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5)
     traffic = [((s or {}).get("traffic") or {}).get("junction_release") for s in seen]
     assert traffic == ["connector", "crossing", None]
+    # a setting the study run names none of gets its old value too
+    assert [((s or {}).get("traffic") or {}).get("overtake") for s in seen] == ["never", "never", None]
+    assert [((s or {}).get("traffic") or {}).get("max_green", "<absent>") for s in seen] == [
+        None, None, "<absent>"]
 
 
 def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(real_run, tmp_path):
@@ -523,8 +531,11 @@ def test_a_study_run_from_before_a_traffic_setting_is_resumed_in_the_old_world(r
     for run in runs_around_a_traffic_setting(real_run, tmp_path):
         cfg, entry = resumed_config(run, {"total_timesteps": 500})
         assert entry is not None and cfg["total_timesteps"] == 500
-        got.append((((cfg.get("sim") or {}).get("traffic")) or {}).get("junction_release"))
-    assert got == ["connector", "crossing", None]
+        traffic = ((cfg.get("sim") or {}).get("traffic")) or {}
+        got.append((traffic.get("junction_release"), traffic.get("overtake"),
+                    traffic.get("max_green", "<absent>")))
+    assert got == [("connector", "never", None), ("crossing", "never", None),
+                   (None, None, "<absent>")]
 
 
 def test_a_study_run_from_before_a_traffic_setting_is_one_method_with_the_runs_that_pin_it(real_run, tmp_path):

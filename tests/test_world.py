@@ -284,6 +284,35 @@ def test_actuated_signals_rest_without_demand(town02):
     assert (before == int(LightState.GREEN)).sum() >= len(world.lights.junction_groups)
 
 
+@pytest.mark.parametrize("max_green", [30.0, None])
+def test_actuated_green_lasts_up_to_max_green_while_both_phases_have_demand(town02, max_green):
+    """traffic.max_green: with vehicles waiting on both phases a green phase ends after max_green
+    (30 s by default); None keeps the rule from before: after ``green`` (10 s)."""
+    from drivemind.sim import kernels as K
+
+    tp = TrafficParams(max_green=max_green, stuck_respawn=None)
+    world = LiteWorld(town02, SimConfig(traffic=tp))
+    world.reset(0, ego_pose=OFF_MAP)
+    lt = world.lights
+    k = 0
+    lights = np.arange(lt.junction_groups[0])  # junction 0's lights come first
+    demand = np.zeros(len(lt.junction_of_light), np.bool_)
+    demand[lights] = True  # someone waiting at every approach of junction 0
+    world.sig_phase[k], world.sig_stage[k], world.sig_timer[k] = 0, 0, 0.0
+    t = 0.0
+    while world.sig_stage[k] == 0 and t < 100.0:
+        K.lights_actuated(0.1, lt.junction_groups, lt.phase, lt.junction_phases, demand,
+                          tp.min_green, world._max_green, tp.yellow, tp.all_red, world.sig_phase,
+                          world.sig_stage, world.sig_timer, world.light_state)
+        t += 0.1
+    assert t == pytest.approx(30.0 if max_green is not None else tp.green, abs=0.15)
+
+
+def test_bad_max_green_says_what_is_wrong():
+    with pytest.raises(ValueError, match="max_green must be a number of seconds >= min_green"):
+        SimConfig(traffic=TrafficParams(max_green=2.0))
+
+
 # ================================================================== 3. no lock-up
 @pytest.mark.parametrize("town,density", [("Town02", "dense"), ("grid", "drivevlm")])
 def test_traffic_keeps_moving(request, town, density):

@@ -57,8 +57,11 @@ class TrafficParams:
     #                                   phase green for ``green`` s in turn (CARLA's cycle)
     min_green: float = 5.0  # s, actuated: shortest green
     detector_distance: float = 30.0  # m before the stop line that counts as demand (actuated)
-    green: float = 10.0  # s (CARLA's default light timings; actuated: the longest green while
-    #                      another phase has demand)
+    green: float = 10.0  # s (CARLA's default light timings: the fixed cycle's green, and where
+    #                      each junction starts in it)
+    max_green: float | None = 30.0  # s, actuated: the longest green while another phase has
+    #                                 demand (urban actuated controllers use 30-60 s); None: ``green``
+    #                                 (the behaviour before; the study pins it)
     yellow: float = 3.0
     all_red: float = 2.0
     walker_speed: tuple[float, float] = (0.8, 1.5)  # m/s (DriveVLM-RL)
@@ -73,6 +76,11 @@ class TrafficParams:
     mobil_politeness: float = 0.3  # share of the new follower's loss counted against a change
     mobil_threshold: float = 0.3  # m/s^2 a change must gain
     mobil_b_safe: float = 3.0  # m/s^2: the new follower may have to brake at most this hard
+    overtake: str = "oncoming"  # oncoming: a vehicle passes a slow leader (a bicycle; one standing
+    #                             with nothing ahead of it) in the adjacent lane of the opposite
+    #                             direction when it is free for the whole manoeuvre, outside and
+    #                             not just before junctions, never over a solid line; never: no
+    #                             (the behaviour before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -83,7 +91,11 @@ class TrafficParams:
 # the traffic from before them. The study configs (configs/experiment/study_*.yaml) pin exactly
 # these, and a study run trained before they existed (its config lacks them) is evaluated with them
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
-STUDY_TRAFFIC = {"junction_release": "connector"}
+STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None}
+
+
+# the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
+OVERTAKE = ("oncoming", "never")
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,14 @@ class SimConfig:
         if self.traffic.junction_release not in ("crossing", "connector"):
             raise ValueError(f"traffic.junction_release must be one of crossing, connector; got "
                              f"{self.traffic.junction_release!r}")
+        mg = self.traffic.max_green
+        if mg is not None and (isinstance(mg, bool) or not isinstance(mg, numbers.Real)
+                               or not math.isfinite(mg) or mg < self.traffic.min_green):
+            raise ValueError(f"traffic.max_green must be a number of seconds >= min_green "
+                             f"({self.traffic.min_green}) or None (= green), got {mg!r}")
+        if self.traffic.overtake not in OVERTAKE:
+            raise ValueError(f"traffic.overtake must be one of {', '.join(OVERTAKE)}; got "
+                             f"{self.traffic.overtake!r}")
         if not (math.isfinite(self.traffic.release_margin) and self.traffic.release_margin >= 0):
             raise ValueError(f"traffic.release_margin must be a non-negative number of metres, got "
                              f"{self.traffic.release_margin!r}")

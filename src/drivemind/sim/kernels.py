@@ -18,6 +18,15 @@ NO_BLOCKER = -1  # codes of traffic_step's ``blocker`` other than a vehicle's in
 BLOCKED_OTHER = -2  # the ego or a walker
 BLOCKED_LIGHT = -3  # a red or yellow light
 STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted
+# overtaking in the oncoming lane (traffic.overtake; :func:`overtakes`)
+OTK_OFF, OTK_OUT, OTK_BACK, OTK_FALL = 0, 1, 2, 3  # overtake states (world.v_otk)
+OVERTAKE_END = 20.0  # m: an overtake must be back in its lane this far before the lane's end
+OVERTAKE_SLOWER = 2.5  # m/s: a leader whose desired speed is at least this much below ours is slow
+OVERTAKE_REACH = 20.0  # m: a slow leader is overtaken from at most this gap behind it
+OVERTAKE_STAND = 5.0  # s a leader with nothing ahead of it has stood before it is overtaken
+OVERTAKE_MARGIN_T = 2.0  # s of an oncoming vehicle's travel added to the manoeuvre's time ...
+OVERTAKE_MARGIN_M = 10.0  # ... and metres added to the stretch that must be free of it
+OVERTAKE_SIDE = 0.3  # m clear sideways between the two before the leader is no longer followed
 
 
 @nb.njit(cache=True, inline="always")
@@ -298,6 +307,8 @@ def traffic_step(
     xy, heading, blocker,
     # junction_release='crossing' (tables.conflict_clear_points); release False: the whole way
     clear, release, release_margin,
+    # overtaking in the oncoming lane (:func:`overtakes`; all OTK_OFF when traffic.overtake=off)
+    otk, otk_of, otk_off, otk_lane,
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
@@ -308,9 +319,22 @@ def traffic_step(
     once its rear is ``release_margin`` m past the last point of its lane near that way
     (``clear``), and a vehicle ahead on the requester's own way through is followed (as a leader)
     rather than waited for; without it a vehicle keeps every way through that conflicts with its
-    lane until it has driven off that lane."""
+    lane until it has driven off that lane.
+
+    Overtaking (``otk``, :func:`overtakes`): a vehicle out in the oncoming lane and the leader it
+    passes no longer follow each other once they are OVERTAKE_SIDE m apart sideways; a vehicle
+    whose way is the lane an overtaking vehicle is out in brakes for it (head-on), and so does the
+    overtaking one for a vehicle coming the other way; the overtaking one's corridor (for the
+    ego and walkers) is widened by its offset; it drops back (OTK_FALL) braking comfortably; its
+    offset moves to the oncoming lane's centre and back at :func:`_lat_rate`."""
     n = lane.shape[0]
     K = path.shape[1]
+    n_otk = 0  # vehicles out in an oncoming lane
+    otk_idx = np.empty(n, np.int64)
+    for i in range(n):
+        if otk[i] != OTK_OFF and otk_lane[i] >= 0 and abs(lat[i]) > 0.5:
+            otk_idx[n_otk] = i
+            n_otk += 1
     # the ego's body as EGO_CIRCLES circles along its length that cover its box (one circle round
     # the whole box would reach into the next lane and stop the traffic there)
     ego_circ = np.empty((EGO_CIRCLES, 2))
@@ -547,12 +571,50 @@ def traffic_step(
                     continue
                 g = cum + sj - hl[j] - hl[i]
                 if g < gap:
+                    if n_otk > 0 and (((otk[i] == OTK_OUT or otk[i] == OTK_FALL) and otk_of[i] == j)
+                                      or ((otk[j] == OTK_OUT or otk[j] == OTK_FALL)
+                                          and otk_of[j] == i)):
+                        # side by side, one out in the oncoming lane (one going back in follows
+                        # again)
+                        if abs(lat[i] - lat[j]) >= hw[i] + hw[j] + OVERTAKE_SIDE:
+                            continue
                     gap = g
                     vl = v[j]
                     src = j
             if gap < INF:
                 break
             cum += length[l]
+        # head-on: a vehicle out in the oncoming lane on our way, or (out ourselves) one coming
+        for q in range(n_otk):
+            j = otk_idx[q]
+            if j == i:
+                o = otk_lane[i]
+                for k2 in range(n):
+                    if lane[k2] == o:
+                        p = (length[o] - s[k2]) * length[lane[i]] / max(length[o], 1e-3)
+                        if p > s[i]:
+                            g = p - s[i] - hl[k2] - hl[i]
+                            if g < gap:
+                                gap = g
+                                vl = 0.0
+                                src = k2
+                continue
+            o = otk_lane[j]
+            cum = -s[i]
+            for k in range(3):
+                l = path[i, k]
+                if l < 0 or cum > lookahead:
+                    break
+                if l == o:
+                    p = (length[lane[j]] - s[j]) * length[o] / max(length[lane[j]], 1e-3)
+                    if k > 0 or p > s[i]:
+                        g = cum + p - hl[j] - hl[i]
+                        if g < gap:
+                            gap = g
+                            vl = 0.0
+                            src = j
+                    break
+                cum += length[l]
         # changing lanes and still partly on the old one: the vehicles ahead there count too
         lo = lcfrom[i]
         if lo >= 0 and abs(lat[i]) > 1.0:
@@ -579,10 +641,11 @@ def traffic_step(
                         src = BLOCKED_OTHER
                     break
                 cum += length[l]
+        hw_c = hw[i] + abs(lat[i]) if otk[i] != OTK_OFF else hw[i]  # corridor half width
         dx = ego_xy[0] - xy[i, 0]
         dy = ego_xy[1] - xy[i, 1]
         if dx * dx + dy * dy < (lookahead * 0.5) ** 2:
-            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], ego_circ,
+            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw_c, ego_circ,
                               ego_circ_r, lookahead * 0.5, 1.0)
             if g < gap:
                 gap = g
@@ -599,7 +662,7 @@ def traffic_step(
                     wbuf[q, 1] = walker_xy[w, 1]
                     q += 1
         if q > 0:
-            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw[i], wbuf[:q],
+            g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw_c, wbuf[:q],
                               wrad[:q], lookahead * 0.6, 1.0)
             if g < gap:
                 gap = g
@@ -628,6 +691,8 @@ def traffic_step(
             ai = -bmax
         if gap < 0.3 and ai > 0.0:
             ai = 0.0
+        if otk[i] == OTK_FALL and ai > -b:
+            ai = -b  # dropping back behind the leader it could not pass
         acc[i] = ai
         blocker[i] = src
         if v[i] < 0.3 and nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
@@ -668,7 +733,24 @@ def traffic_step(
                 grant[i] = -1
                 entered[i] = False
         x, y, h = lane_pose(offset, ds, length, pts, yaw, lane[i], s[i])
-        if lat[i] != 0.0:  # drifting over to the lane it changed to (1 m/s sideways at most)
+        if otk[i] != OTK_OFF:  # out to the oncoming lane's centre, or back to 0
+            target = 0.0 if otk[i] == OTK_BACK else otk_off[i]
+            step = _lat_rate(v[i]) * dt
+            dl = target - lat[i]
+            if dl > step:
+                dl = step
+            elif dl < -step:
+                dl = -step
+            lat[i] += dl
+            if otk[i] == OTK_BACK and lat[i] == 0.0:
+                otk[i] = OTK_OFF
+                otk_of[i] = -1
+                otk_lane[i] = -1
+            x -= lat[i] * math.sin(h)
+            y += lat[i] * math.cos(h)
+            if dl != 0.0 and v[i] > 2.0:
+                h += math.atan2(dl / dt, v[i])
+        elif lat[i] != 0.0:  # drifting over to the lane it changed to (1 m/s sideways at most)
             step = max(0.3, min(1.0, 0.35 * v[i])) * dt
             if abs(lat[i]) <= step:
                 lat[i] = 0.0
@@ -989,3 +1071,266 @@ def lane_clearance(origin, cell, nx, ny, start, items, pts, width, xy, radius, o
                     if d < best:
                         best = d
         out[q] = best
+
+
+# ---------------------------------------------------------------- overtaking in the oncoming lane
+@nb.njit(cache=True, inline="always")
+def _lat_rate(v):
+    """m/s sideways while pulling out into the oncoming lane and back."""
+    return max(0.5, min(1.5, 0.35 * v))
+
+
+@nb.njit(cache=True)
+def _gain_time(rel, v, vp, vj, a):
+    """Seconds for a vehicle at ``v`` accelerating at ``a`` up to ``vp`` to gain ``rel`` metres on
+    one driving at ``vj``; INF if it never does."""
+    if rel <= 0.0:
+        return 0.0
+    if vp - vj < 0.5:
+        return INF
+    dv0 = v - vj
+    t_acc = max(0.0, (vp - v) / a)
+    g_acc = dv0 * t_acc + 0.5 * a * t_acc * t_acc
+    if g_acc >= rel:
+        return (-dv0 + math.sqrt(max(dv0 * dv0 + 2.0 * a * rel, 0.0))) / a
+    return t_acc + (rel - g_acc) / (vp - vj)
+
+
+@nb.njit(cache=True)
+def _overtake_plan(i, j, lane, s, v, hl, hw, vfac, vcap, amax, lane_vmax, s0, out_w, lat_i):
+    """(seconds, metres ahead of i's centre) the overtake of j by i still takes: pull out until
+    the two are OVERTAKE_SIDE apart sideways, gain on j until i's rear is s0 + 0.5 s x j's speed past j's
+    front, pull back in."""
+    li = lane[i]
+    vp = _v0(vfac[i], vcap[i], lane_vmax[li])
+    rate = _lat_rate(min(v[i], vp))
+    # pulled out far enough to pass the leader by OVERTAKE_SIDE (the rest overlaps the gain)
+    t_out = max(0.0, hw[i] + hw[j] + OVERTAKE_SIDE - abs(lat_i)) / rate
+    rel = s[j] + hl[j] + s0 + 0.5 * v[j] + hl[i] - s[i]
+    t_gain = _gain_time(rel, v[i], vp, v[j], amax[i])
+    if t_gain >= INF:
+        return INF, INF
+    t_back = abs(out_w) / _lat_rate(vp)
+    dist = v[j] * (t_out + t_gain) + max(rel, 0.0) + vp * t_back
+    return t_out + t_gain + t_back, dist
+
+
+@nb.njit(cache=True)
+def _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, left, right,
+                    left_same, right_same, li, o, s_from, s_to, t_left):
+    """Whether the oncoming lane ``o`` beside lane ``li`` (and the lanes leading into it, two
+    deep, and the lanes of its direction beside it, from which a vehicle may change into it) is
+    free for an overtake from ``s_from`` to ``s_to`` (along ``li``) lasting ``t_left``
+    s: no vehicle on it there, nor one that could get there meanwhile at its desired speed (plus
+    OVERTAKE_MARGIN_T s and OVERTAKE_MARGIN_M m); no other overtake under way on ``li`` near."""
+    n = lane.shape[0]
+    ratio = length[li] / max(length[o], 1e-3)
+    for k in range(n):
+        if k == i:
+            continue
+        lk = lane[k]
+        if lk == li:
+            if otk[k] != OTK_OFF and s[k] + hl[k] > s_from - 30.0 and s[k] - hl[k] < s_to + 30.0:
+                return False
+            continue
+        p = -INF  # k's position along li (oncoming: it drives towards smaller p)
+        if lk == o:
+            p = (length[o] - s[k]) * ratio
+        elif (lk == left[o] and left_same[o]) or (lk == right[o] and right_same[o]):
+            p = (length[lk] - s[k]) * length[li] / max(length[lk], 1e-3)
+        else:
+            for q in range(pred.shape[1]):
+                p1 = pred[o, q]
+                if p1 < 0:
+                    break
+                if lk == p1:
+                    p = length[li] + length[p1] - s[k]
+                    break
+                for q2 in range(pred.shape[1]):
+                    p2 = pred[p1, q2]
+                    if p2 < 0:
+                        break
+                    if lk == p2:
+                        p = length[li] + length[p1] + length[p2] - s[k]
+                        break
+                if p > -INF:
+                    break
+        if p == -INF:
+            continue
+        vk = max(v[k], _v0(vfac[k], vcap[k], lane_vmax[lk]))
+        reach = s_to + vk * (t_left + OVERTAKE_MARGIN_T) + OVERTAKE_MARGIN_M
+        if p + hl[k] > s_from and p - hl[k] < reach:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, right, left_same,
+              right_same, pass_left, pass_right, lane_vmax, lane, s, v, hl, hw, vfac, vcap, amax,
+              path, grant, lat, lcfrom, blocker, stuck, otk, otk_of, otk_off, otk_lane, otk_t,
+              ego_xy, ego_v, walker_xy, walker_on_road, s0, xy):
+    """Overtaking a slow leader in the oncoming lane of a two-way road (``traffic.overtake``).
+
+    Each step, for every vehicle overtaking (``otk`` OTK_OUT): back into its lane (OTK_BACK)
+    once its rear is s0 + 0.5 s x the leader's speed past the leader's front; while its front is
+    not yet beside the leader, back in behind it (abort; following it again) as soon as the rest
+    of the manoeuvre no longer fits (the oncoming lane no longer free, the ego nearer than the
+    reach below, the lane's end); beside it, it goes on if the rest still fits, else it drops
+    back behind the leader before pulling in (OTK_FALL). With ``decide`` (at
+    2 Hz), a vehicle starts one when
+
+    - its leader on its lane is slow: its desired speed is OVERTAKE_SLOWER below ours (a
+      bicycle), or it has stood OVERTAKE_STAND s with nothing ahead making it stand (broken down,
+      parked); the leader is within OVERTAKE_REACH and not itself overtaking or changing lanes;
+    - its lane is outside any junction and has an adjacent lane of the opposite direction (on
+      the left where traffic keeps right, on the right where it keeps left), outside junctions;
+    - the whole manoeuvre (pull out, gain on the leader, pull back in) ends OVERTAKE_END m before
+      its lane's end (so never into or just before a junction), with nobody else on its lane up
+      to there plus a car length;
+    - the line between the lanes may be crossed (``pass_left``/``pass_right``: no solid line)
+      all the way;
+    - the oncoming lane is free for it (:func:`_oncoming_clear`); the ego is farther than the
+      manoeuvre's length + its speed (at least 30 km/h) x the manoeuvre's time + 20 m, and no
+      walker is crossing within the manoeuvre's length + 10 m.
+
+    Returns (overtakes started, aborted, vehicles with an overtake under way)."""
+    n = lane.shape[0]
+    started = 0
+    aborted = 0
+    for i in range(n):
+        st = otk[i]
+        if st == OTK_OFF:
+            continue
+        otk_t[i] += dt
+        if st == OTK_BACK:
+            continue
+        j = otk_of[i]
+        li = lane[i]
+        o = otk_lane[i]
+        if (left[li] != o and right[li] != o) or lane[j] != li:
+            otk[i] = OTK_BACK  # off this road, or the leader left it: back in
+            continue
+        if st == OTK_FALL:
+            if s[i] + hl[i] < s[j] - hl[j] - 0.3:
+                otk[i] = OTK_BACK
+            continue
+        if s[i] - hl[i] >= s[j] + hl[j] + s0 + 0.5 * v[j]:
+            otk[i] = OTK_BACK  # past it with room
+            continue
+        t_left, dist = _overtake_plan(i, j, lane, s, v, hl, hw, vfac, vcap, amax, lane_vmax, s0,
+                                      otk_off[i], lat[i])
+        s_end = s[i] + dist
+        ok = t_left < INF and s_end <= length[li] - 0.5 * OVERTAKE_END
+        if ok:  # the ego still well away
+            reach = dist + max(ego_v, 8.3) * t_left + 20.0
+            ok = (ego_xy[0] - xy[i, 0]) ** 2 + (ego_xy[1] - xy[i, 1]) ** 2 >= reach * reach
+        if ok:
+            ok = _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, left,
+                                 right, left_same, right_same, li, o, s[i] - hl[i], s_end + hl[i],
+                                 t_left)
+        if ok:
+            continue
+        aborted += 1
+        if s[i] + hl[i] < s[j] - hl[j] - 0.3:
+            otk[i] = OTK_BACK
+        else:
+            otk[i] = OTK_FALL
+    if not decide:
+        return started, aborted, _count_active(otk)
+    for i in range(n):
+        li = lane[i]
+        if (otk[i] != OTK_OFF or lat[i] != 0.0 or lcfrom[i] >= 0 or grant[i] >= 0
+                or junction[li] >= 0):
+            continue
+        if left[li] >= 0 and not left_same[li] and junction[left[li]] < 0:
+            o = left[li]
+            side_ok = pass_left
+        elif right[li] >= 0 and not right_same[li] and junction[right[li]] < 0:
+            o = right[li]
+            side_ok = pass_right
+        else:
+            continue
+        if not side_ok[min(offset[li] + int(s[i] / max(ds[li], 1e-6)), offset[li + 1] - 1)]:
+            continue  # a solid line here (checked all the way below)
+        # the leader on this lane
+        j = -1
+        sj = INF
+        for k in range(n):
+            if k != i and lane[k] == li and s[k] > s[i] and s[k] < sj:
+                j = k
+                sj = s[k]
+        if j < 0 or s[j] - hl[j] - s[i] - hl[i] > OVERTAKE_REACH:
+            continue
+        if otk[j] != OTK_OFF or lat[j] != 0.0 or lcfrom[j] >= 0:
+            continue
+        v0i = _v0(vfac[i], vcap[i], lane_vmax[li])
+        v0j = _v0(vfac[j], vcap[j], lane_vmax[li])
+        slow = v0j <= v0i - OVERTAKE_SLOWER
+        if not slow and not (v[j] < 0.3 and stuck[j] >= OVERTAKE_STAND and blocker[j] == NO_BLOCKER):
+            continue
+        # how far over: the oncoming lane's centre, sideways from ours (right +)
+        x, y, h = lane_pose(offset, ds, length, pts, yaw, li, s[i])
+        xo, yo, _ = lane_pose(offset, ds, length, pts, yaw, o,
+                              length[o] - s[i] * length[o] / max(length[li], 1e-3))
+        off = -(xo - x) * math.sin(h) + (yo - y) * math.cos(h)
+        if abs(off) < hw[i] + hw[j] + OVERTAKE_SIDE:
+            continue
+        t_man, dist = _overtake_plan(i, j, lane, s, v, hl, hw, vfac, vcap, amax, lane_vmax, s0, off,
+                                     0.0)
+        if t_man >= INF:
+            continue
+        s_end = s[i] + dist
+        if s_end > length[li] - OVERTAKE_END:
+            continue
+        # nobody else on our lane up to the end plus a car length
+        free = True
+        for k in range(n):
+            if k != i and k != j and lane[k] == li and s[k] + hl[k] > s[i] and \
+                    s[k] - hl[k] < s_end + 2.0 * hl[i] + s0:
+                free = False
+                break
+        if not free:
+            continue
+        # no solid line between the lanes from our rear to the end
+        a = offset[li]
+        p0 = a + int(max(s[i] - hl[i], 0.0) / max(ds[li], 1e-6))
+        p1 = a + int(min(s_end + hl[i], length[li]) / max(ds[li], 1e-6))
+        for p in range(p0, min(p1 + 1, offset[li + 1])):
+            if not side_ok[p]:
+                free = False
+                break
+        if not free:
+            continue
+        # the ego and crossing walkers well away
+        reach = dist + max(ego_v, 8.3) * t_man + 20.0
+        if (ego_xy[0] - xy[i, 0]) ** 2 + (ego_xy[1] - xy[i, 1]) ** 2 < reach * reach:
+            continue
+        for w in range(walker_xy.shape[0]):
+            if walker_on_road[w]:
+                dx = walker_xy[w, 0] - xy[i, 0]
+                dy = walker_xy[w, 1] - xy[i, 1]
+                if dx * dx + dy * dy < (dist + 10.0) ** 2:
+                    free = False
+                    break
+        if not free:
+            continue
+        if not _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred, left,
+                               right, left_same, right_same, li, o, s[i] - hl[i], s_end + hl[i],
+                               t_man):
+            continue
+        otk[i] = OTK_OUT
+        otk_of[i] = j
+        otk_off[i] = off
+        otk_lane[i] = o
+        otk_t[i] = 0.0
+        started += 1
+    return started, aborted, _count_active(otk)
+
+
+@nb.njit(cache=True, inline="always")
+def _count_active(otk):
+    c = 0
+    for i in range(otk.shape[0]):
+        if otk[i] != OTK_OFF:
+            c += 1
+    return c

@@ -5,7 +5,8 @@
     snap = world.step((steer, throttle_brake))
 
 Ego: kinematic bicycle. Background vehicles (cars, motorcycles, bicycles): IDM along lane paths
-with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, junction
+with random turns and per-vehicle speed offsets, MOBIL lane changes on multi-lane roads, overtaking
+a slow leader in the oncoming lane of a two-way road (``traffic.overtake``), junction
 reservations (a connector is entered only when no conflicting connector is reserved or occupied
 by a vehicle not yet past the crossing, and the exit has room; long waiters are not starved),
 traffic lights (two-phase, vehicle-actuated by default), and as a last resort a respawn of a
@@ -19,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..maps.roadmap import RoadMap
+from ..maps.roadmap import BROKEN_MARKINGS, MarkingType, RoadMap
 from ..maps.spatial import lane_grid, nearest_point
 from . import kernels as K
 from .config import SimConfig
@@ -40,6 +41,18 @@ CLASS_PARAMS = {
     ActorClass.BICYCLE: ((0.85, 0.95), (0.3, 0.4), (3.5, 5.5), 1.0, 2.0),
 }
 WALKER_EXTENT = (0.3, 0.3)
+
+
+def _predecessors(succ: np.ndarray) -> np.ndarray:
+    """(L, P) the lanes whose successors (``succ``, -1 padded) include each lane, -1 padded."""
+    into: list[list[int]] = [[] for _ in range(len(succ))]
+    for a in range(len(succ)):
+        for b in succ[a][succ[a] >= 0]:
+            into[int(b)].append(a)
+    out = np.full((len(succ), max(1, max(map(len, into), default=1))), -1, np.int64)
+    for b, lanes in enumerate(into):
+        out[b, :len(lanes)] = lanes
+    return out
 
 
 def validate_action(action) -> tuple[float, float]:
@@ -70,10 +83,23 @@ class LiteWorld:
         self.clear = tab["clear"] if self._release else np.zeros((1, 1))
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
+        # actuated signals: the longest green while another phase has demand
+        self._max_green = tp.green if tp.max_green is None else tp.max_green
         # any lane with a neighbour of its own direction (else no lane changes to consider)
         self._multilane = bool(np.any((roadmap.left >= 0) & roadmap.left_same_dir)
                                or np.any((roadmap.right >= 0) & roadmap.right_same_dir))
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
+        self._overtake = tp.overtake == "oncoming"
+        if self._overtake:
+            # the lanes leading into each lane (on the same links), and where the line on each side
+            # of a lane may be crossed to overtake (no solid line, kerb or grass)
+            self.pred = _predecessors(self.succ)
+            crossable = np.array([int(m) for m in (MarkingType.NONE, *BROKEN_MARKINGS)])
+            self._pass_left = np.isin(roadmap.mark_left, crossable)
+            self._pass_right = np.isin(roadmap.mark_right, crossable)
+        else:
+            self.pred = np.full((1, 1), -1, np.int64)
+            self._pass_left = self._pass_right = np.zeros(1, np.bool_)
         self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
         self._grid = lane_grid(roadmap)
         self._ego_jlanes = np.full(16, -1, np.int64)
@@ -90,6 +116,8 @@ class LiteWorld:
         self.npc_respawns = 0  # vehicles moved by the last-resort respawn
         self.npc_wait_cycles = 0  # waits-for cycles (deadlocks) found and broken
         self.npc_max_stuck_s = 0.0  # longest standing time of a vehicle not at a red light
+        self.npc_overtakes = 0  # overtakes in the oncoming lane started (traffic.overtake)
+        self.npc_overtake_aborts = 0  # ... and given up (back in behind, or dropped back)
         self.spawned = dict(vehicles=0, motorcycles=0, bicycles=0, walkers=0)
 
     # ------------------------------------------------------------------ reset
@@ -137,6 +165,7 @@ class LiteWorld:
         self.npc_respawns = 0
         self.npc_wait_cycles = 0
         self.npc_max_stuck_s = 0.0
+        self.npc_overtakes = self.npc_overtake_aborts = 0
         self._actors = self._actor_arrays()
         return self._snapshot([], 0)
 
@@ -175,6 +204,14 @@ class LiteWorld:
         self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
         self.v_lctimer = np.zeros(n)  # s since its last lane change
         self.lane_change_total = 0
+        # overtaking in the oncoming lane (kernels.overtakes): state (K.OTK_*), whom it passes,
+        # the oncoming lane's centre sideways (right +), that lane, seconds since it began
+        self.v_otk = np.zeros(n, np.int64)
+        self.v_otk_of = np.full(n, -1, np.int64)
+        self.v_otk_off = np.zeros(n)
+        self.v_otk_lane = np.full(n, -1, np.int64)
+        self.v_otk_t = np.zeros(n)
+        self._otk_active = 0  # overtakes under way after the last kernels.overtakes call
         self.v_hl, self.v_hw, self.v_vcap = np.zeros(n), np.zeros(n), np.zeros(n)
         self.v_amax, self.v_b = np.zeros(n), np.zeros(n)
         # each vehicle's own offset around the lane's limit (as the Traffic Manager's per-vehicle
@@ -225,6 +262,7 @@ class LiteWorld:
             self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
             self.v_grant[i], self.v_entered[i] = -1, False
             self.v_lat[i], self.v_lcfrom[i], self.v_lctimer[i] = 0.0, -1, 0.0
+            self.v_otk[i], self.v_otk_of[i], self.v_otk_lane[i] = K.OTK_OFF, -1, -1
             self._fill_path(i)
             x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
             self.v_xy[i], self.v_yaw[i] = (x, y), h
@@ -408,6 +446,19 @@ class LiteWorld:
                 self.v_lat, self.v_lcfrom, self.v_lctimer, np.array([e["x"], e["y"]]), ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
                 tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
+        decide = self.frame % LC_EVERY == 0
+        if n and self._overtake and (decide or self._otk_active):
+            st, ab, self._otk_active = K.overtakes(
+                dt, decide, *self._m, self.map.junction, self.pred,
+                self.map.left, self.map.right, self.map.left_same_dir, self.map.right_same_dir,
+                self._pass_left, self._pass_right, self.lane_vmax, self.v_lane, self.v_s, self.v_v,
+                self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_path,
+                self.v_grant, self.v_lat, self.v_lcfrom, self.v_blocker, self.v_stuck, self.v_otk,
+                self.v_otk_of, self.v_otk_off, self.v_otk_lane, self.v_otk_t,
+                np.array([e["x"], e["y"]]), e["v"], self.w_xy, self.w_state == 1, tp.idm_s0,
+                self.v_xy)
+            self.npc_overtakes += st
+            self.npc_overtake_aborts += ab
         if n:
             K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
@@ -424,6 +475,7 @@ class LiteWorld:
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
                 self.clear, self._release, tp.release_margin,
+                self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
             )
         if n:
             m = float(self.v_stuck.max())
@@ -474,7 +526,7 @@ class LiteWorld:
             K.light_demand(self.v_lane, self.v_s, self.map.length, lt.lane_light, ego_lane, ego_s,
                            tp.detector_distance, self._demand)
             K.lights_actuated(dt, lt.junction_groups, lt.phase, lt.junction_phases, self._demand,
-                              tp.min_green, tp.green, tp.yellow, tp.all_red, self.sig_phase,
+                              tp.min_green, self._max_green, tp.yellow, tp.all_red, self.sig_phase,
                               self.sig_stage, self.sig_timer, self.light_state)
         elif len(lt.junction_groups):
             K.light_states(self.time, self.light_offset, lt.junction_groups, lt.phase,
