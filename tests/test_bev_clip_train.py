@@ -179,14 +179,16 @@ def test_tiny_lane_tower_run_is_deterministic(frames, text):
     assert 0.0 <= res["retrieval"]["accuracy"] <= 1.0
 
 
-def test_shipped_tower_was_measured_on_heldout_segments(monkeypatch, tmp_path):
-    """The shipped cpu checkpoint records how its training run scored held-out segments: danger
-    frames rank above safe ones for the static prompts and Found-RL's actions beat chance."""
+@pytest.mark.parametrize("size", [96, 192, 224])  # the cpu, roach and paper presets
+def test_shipped_tower_was_measured_on_heldout_segments(monkeypatch, tmp_path, size):
+    """Every shipped image-only checkpoint is the full recipe's and records how its training run
+    scored held-out segments: danger frames rank above safe ones for the static prompts and
+    Found-RL's actions beat chance."""
     monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     from drivemind.vlm import BevClip
 
-    m = BevClip.load(bev_shape=(15, 96, 96))
+    m = BevClip.load(bev_shape=(15, size, size))
     held = m.meta["heldout_measures"]
     # well above chance (0.5): the full-recipe tower scores 0.78 on its own held-out segments
     # (72 danger frames) and 0.92 on unseen towns (bench.py reward-quality, aicr_static)
