@@ -1,6 +1,7 @@
 """traffic.junction_release, traffic.overtake and traffic.max_green: their old values
 ('connector', 'never', None: the study's) still give the traffic from before the settings
-existed, bit for bit; the new junction rule ('crossing') lets a vehicle waiting at a junction go
+existed (the same decisions everywhere: positions equal to float rounding, lights equal); the new
+junction rule ('crossing') lets a vehicle waiting at a junction go
 once the one crossing its way is past the crossing point, with no contact."""
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from drivemind.sim.config import TrafficParams
 from drivemind.sim.world import PATH_LEN, LiteWorld
 
 # Recorded with the code of main at 7336726 (before the setting existed) by the recipe of
-# _record() below: every 40th step of 1200, the ego parked at spawn point 0 braking.
+# _record() below: every 40th step of 1200, the ego parked at spawn point 0 braking. It was
+# recorded on an Intel Xeon with AVX-512; on another instruction set (an AMD EPYC with AVX2 gave
+# differences up to 9e-14 m) numpy's and numba's float rounding differs in the last bits, so
+# positions are compared to ATOL: one decision taken otherwise (a stop, a yield, a lane) moves a
+# vehicle by centimetres at least within the 40 steps to the next snapshot.
+ATOL = 1e-6  # m
 BEFORE = Path(__file__).parent / "data" / "traffic_before_junction_release.npz"
 CASES = [("Town02", "dense", 1), ("grid", "drivevlm", 2), ("Town03", "dense", 3)]
 STEPS, EVERY = 1200, 40
@@ -42,19 +48,21 @@ def _record(town, density, seed, **traffic):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_the_old_junction_release_reproduces_the_traffic_from_before_bit_for_bit():
+def test_the_old_values_reproduce_the_traffic_from_before_to_float_rounding():
     before = np.load(BEFORE)
     differs = False
     for town, density, seed in CASES:
         veh, walk, light, _ = _record(town, density, seed, **OLD)
         key = f"{town}_{density}"
-        assert np.array_equal(veh, before[f"{key}_veh"]), f"{key}: vehicles moved otherwise"
-        assert np.array_equal(walk, before[f"{key}_walk"]), f"{key}: walkers moved otherwise"
+        assert veh.shape == before[f"{key}_veh"].shape, f"{key}: another number of vehicles"
+        assert np.allclose(veh, before[f"{key}_veh"], rtol=0, atol=ATOL), f"{key}: vehicles moved otherwise"
+        assert walk.shape == before[f"{key}_walk"].shape, f"{key}: another number of walkers"
+        assert np.allclose(walk, before[f"{key}_walk"], rtol=0, atol=ATOL), f"{key}: walkers moved otherwise"
         assert np.array_equal(light, before[f"{key}_light"]), f"{key}: lights changed otherwise"
         new, _, _, w = _record(town, density, seed)  # the defaults: 'crossing', 'oncoming'
         assert w.cfg.traffic.junction_release == "crossing" and w.cfg.traffic.overtake == "oncoming"
         assert w.cfg.traffic.max_green == 30.0
-        differs |= not np.array_equal(new, veh)
+        differs |= new.shape != veh.shape or not np.allclose(new, veh, rtol=0, atol=ATOL)
     assert differs  # the setting changes the traffic (so the comparison above means something)
 
 
