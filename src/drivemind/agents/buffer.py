@@ -88,6 +88,14 @@ class PaletteCodec:
         return th.from_numpy(out).view(len(codes), *self.shape)
 
 
+@numba.njit(cache=True, inline="always")
+def _same_row(pix, i, seen, q):  # pragma: no cover - compiled
+    for j in range(pix.shape[1]):
+        if pix[i, j] != seen[q, j]:
+            return False
+    return True
+
+
 @numba.njit(cache=True)
 def _palette_codes(pix, seen, codes):  # pragma: no cover - compiled
     """Codes of the rows of ``pix`` (HW x C) in order of first appearance, the distinct rows in
@@ -96,22 +104,11 @@ def _palette_codes(pix, seen, codes):  # pragma: no cover - compiled
     hw, c = pix.shape
     for i in range(hw):
         k = -1
-        if last >= 0:  # runs: most pixels repeat their neighbour's value
-            same = True
-            for j in range(c):
-                if pix[i, j] != seen[last, j]:
-                    same = False
-                    break
-            if same:
-                k = last
+        if last >= 0 and _same_row(pix, i, seen, last):  # runs: most pixels repeat their neighbour's value
+            k = last
         if k < 0:
             for q in range(n):
-                same = True
-                for j in range(c):
-                    if pix[i, j] != seen[q, j]:
-                        same = False
-                        break
-                if same:
+                if _same_row(pix, i, seen, q):
                     k = q
                     break
         if k < 0:
