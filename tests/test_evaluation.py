@@ -218,6 +218,8 @@ def test_evaluate_autopilot_on_two_grid_routes(tmp_path):
     doc = json.loads(files["json"].read_text())
     assert doc["meta"]["policy"] == "autopilot" and doc["meta"]["name"] == "ref"
     assert doc["meta"]["routes"] == [0, 1] and doc["metrics"]["RC"] == 1.0
+    from drivemind.paths import machine_info
+    assert doc["meta"]["machine"] == machine_info()  # the CPU it ran on (docs/simulator.md, "Determinism")
     assert "| 1.00 | " in files["md"].read_text()
 
 

@@ -457,6 +457,20 @@ def test_report_shows_the_code_each_run_was_trained_at(study, tmp_path):
     with open(tmp_path / "rep" / "runs.csv", newline="") as f:
         assert {r["code"] for r in csv.DictReader(f)} == {run["code"]}
     assert code_label(None) == "-"
+    # the machine it was trained on, from the same record
+    from drivemind.evaluation.study import machines_label
+    from drivemind.paths import machine_info, machine_label
+
+    here = machine_label(machine_info())
+    assert run["machine"] == here != "-"
+    with open(tmp_path / "rep" / "runs.csv", newline="") as f:
+        assert {r["machine"] for r in csv.DictReader(f)} == {here}
+    assert "| machine |" in (tmp_path / "rep" / "report.md").read_text()
+    xeon = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "isa": ["avx512f", "avx2", "fma"]}
+    epyc = {"cpu": "AMD EPYC", "cores": 2, "isa": ["avx2", "fma"]}
+    assert machines_label(None) == "-"
+    assert machines_label([{"commit": "a" * 40}, {"machine": xeon}, {"machine": xeon}, {"machine": epyc}]) == \
+        "-, Intel(R) Xeon(R) Processor x2 (avx512), AMD EPYC x2 (avx2)"
     assert code_label([{"commit": "a" * 40, "dirty": False}, {"commit": "a" * 40, "dirty": False},
                        {"commit": "b" * 40, "dirty": True}]) == "aaaaaaa, bbbbbbb+dirty"
 

@@ -119,6 +119,13 @@ def test_train_sac_end_to_end(sac_run):
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     [code] = summary["code"]
     assert code["commit"] == (head or None) and code["drivemind"] and isinstance(code["dirty"], (bool, type(None)))
+    # and the machine it ran on (float rounding depends on the CPU's vector instructions)
+    import os
+
+    from drivemind.paths import machine_info
+    assert code["machine"] == machine_info() and code["machine"]["cores"] == os.cpu_count()
+    assert code["machine"]["torch"] and set(code["machine"]["isa"]) <= {"avx512f", "avx512_bf16", "amx_tile", "avx2",
+                                                                        "fma", "neon", "asimd"}
 
 
 def test_train_ppo_end_to_end(ppo_run):

@@ -49,4 +49,52 @@ def code_version() -> dict:
     if commit:
         status = git("status", "--porcelain", "--untracked-files=no")
         dirty = bool(status) if status is not None else None
-    return {"drivemind": version, "commit": commit, "dirty": dirty}
+    return {"drivemind": version, "commit": commit, "dirty": dirty, "machine": machine_info()}
+
+
+# vector instruction sets that change float rounding in numpy's and numba's kernels
+# (docs/simulator.md, "Determinism"): the same seed gives the same traffic to the last bit only
+# on CPUs that share them
+_ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "avx2", "fma", "neon", "asimd")
+
+
+def machine_info() -> dict:
+    """The machine a run or an evaluation ran on: CPU model, logical cores, the vector instruction
+    sets among ``_ISA_FLAGS`` it has, and the versions of the numeric libraries (read from their
+    metadata, nothing imported). Fields are None where they cannot be read."""
+    import platform
+    from importlib import metadata
+
+    cpu, flags = None, set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and cpu is None:
+                    cpu = value.strip()
+                elif key in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+                if cpu is not None and flags:
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for name in ("numpy", "numba", "torch"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return {"cpu": cpu or platform.processor() or None, "cores": os.cpu_count(),
+            "isa": [f for f in _ISA_FLAGS if f in flags], "python": platform.python_version(), **versions}
+
+
+def machine_label(machine: dict | None) -> str:
+    """A short name for a :func:`machine_info` record: ``AMD EPYC x2 (avx2)``; ``-`` if none."""
+    if not machine:
+        return "-"
+    isa = machine.get("isa") or []
+    simd = next((f for f in ("avx512f", "avx2", "asimd", "neon") if f in isa), None)
+    cores = machine.get("cores")
+    return (f"{machine.get('cpu') or '?'}" + (f" x{cores}" if cores else "")
+            + (f" ({simd.replace('avx512f', 'avx512')})" if simd else ""))

@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .. import __version__
+from ..paths import machine_info
 from ..envs import DriveEnv
 from .metrics import EpisodeAccumulator, EpisodeRecord, compute_metrics
 from .report import write_reports
@@ -129,7 +130,7 @@ def evaluate(policy: Callable | str, *, town: str, density: str, out_dir,
     meta = {"town": town, "density": density, "map": map_name, "policy": _policy_name(policy),
             "mode": "test", "routes": routes, "max_steps_per_route": max_steps_per_route,
             "env_kwargs": env_kwargs, "routes_file": str(routes_file) if routes_file else None,
-            "drivemind_version": __version__,
+            "drivemind_version": __version__, "machine": machine_info(),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **(meta or {})}
     files = write_reports(out, metrics, records, meta)

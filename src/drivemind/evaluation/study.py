@@ -123,6 +123,7 @@ def load_run(run_dir) -> dict:
             "ok": summary is not None and not status.startswith(("failed", "incomplete")),
             "steps": (summary or {}).get("steps"), "wall_s": (summary or {}).get("wall_s_total"),
             "code": code_label((summary or {}).get("code")),
+            "machine": machines_label((summary or {}).get("code")),
             "evals": evals, "episodes": ep if ep.is_file() else None}
 
 
@@ -135,6 +136,20 @@ def code_label(code) -> str:
     for c in code:
         c = c or {}
         label = (c.get("commit") or "?")[:7] + ("+dirty" if c.get("dirty") else "")
+        if not out or out[-1] != label:
+            out.append(label)
+    return ", ".join(out)
+
+
+def machines_label(code) -> str:
+    """The machines a run was trained on, oldest first (``-`` for invocations from before the
+    machine was recorded): float rounding, and so a run's details, depend on the CPU's vector
+    instructions (docs/simulator.md, "Determinism")."""
+    from ..paths import machine_label
+
+    out = []
+    for c in code or [None]:
+        label = machine_label((c or {}).get("machine"))
         if not out or out[-1] != label:
             out.append(label)
     return ", ".join(out)
@@ -420,9 +435,9 @@ def report_markdown(report: dict, curves_png: str | None, eval_pngs: dict) -> st
              "(CARLA, mean ± std over 3 seeds); ICT of a run without collision is its step count, a "
              "lower bound", ""]
     lines += ["## Runs", "", "Paths: `runs.csv`.", "", *_table(
-        ["method", "seed", "status", "env steps", "wall (min)", "code", "evaluations", "run"],
+        ["method", "seed", "status", "env steps", "wall (min)", "code", "machine", "evaluations", "run"],
         [[r.get("method", "?"), str(r["seed"]), r["status"], str(r["steps"] if r["steps"] is not None else "-"),
-          f"{r['wall_s'] / 60:.1f}" if r["wall_s"] is not None else "-", r.get("code", "-"),
+          f"{r['wall_s'] / 60:.1f}" if r["wall_s"] is not None else "-", r.get("code", "-"), r.get("machine", "-"),
           ", ".join(f"{t}-{d}" for t, d in sorted(r["evals"], key=_eval_sort)) or "none", r["name"]]
          for m in methods for r in m["runs"]]), ""]
     if failed:
@@ -531,9 +546,9 @@ def write_study_report(report: dict, out_dir) -> dict:
                                      *metric_fields])
     _csv(out / "runs.csv", [{"method": r.get("method"), "seed": r["seed"], "status": r["status"],
                              "ok": r["ok"], "steps": r["steps"], "wall_s": r["wall_s"], "code": r.get("code", "-"),
-                             "evals": [f"{t}-{d}" for t, d in sorted(r["evals"], key=_eval_sort)],
+                             "machine": r.get("machine", "-"), "evals": [f"{t}-{d}" for t, d in sorted(r["evals"], key=_eval_sort)],
                              "path": str(r["path"])} for r in report["runs"]],
-         ["method", "seed", "status", "ok", "steps", "wall_s", "code", "evals", "path"])
+         ["method", "seed", "status", "ok", "steps", "wall_s", "code", "machine", "evals", "path"])
     curves = method_curves(report)
     crows = []
     for label, res in curves["methods"].items():
