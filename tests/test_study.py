@@ -54,6 +54,22 @@ def real_run(tmp_path_factory):
     return run_dir
 
 
+def test_evaluating_a_run_uses_its_torch_threads(real_run, tmp_path):
+    """An evaluation runs with the run's ``torch_threads`` (1 here), not torch's default of every
+    core, which oversubscribes the cores beside a study's training runs."""
+    import torch as th
+
+    assert yaml.safe_load((real_run / "config.yaml").read_text())["torch_threads"] == 1
+    before = th.get_num_threads()
+    try:
+        th.set_num_threads(2)
+        evaluate_run(real_run, "grid", "empty", routes=[0], video_route=None, max_steps_per_route=5,
+                     out_dir=tmp_path / "ev")
+        assert th.get_num_threads() == 1
+    finally:
+        th.set_num_threads(before)
+
+
 def records(arrived: int, collided: int, n: int = 10, speed: float = 20.0) -> list[EpisodeRecord]:
     """``n`` route records: the first ``arrived`` reach their goal, the last ``collided`` collide."""
     out = []
