@@ -187,7 +187,7 @@ def drop_unread_obs(cfg: dict) -> dict:
 def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
     """SFT then PPO as ``cfg`` says, writing into ``run_dir``; returns the summary."""
     from ..evaluation import EpisodeAccumulator, compute_metrics
-    from ..training.build import make_env_fn, observation_signature
+    from ..training.build import apply_torch_threads, make_env_fn, observation_signature
     from ..training.callbacks import save_checkpoint
 
     if resume:
@@ -197,8 +197,7 @@ def train_minddrive(cfg: dict, run_dir, resume: bool = False) -> dict:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     cfg = drop_unread_obs(cfg)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-    if int(cfg.get("torch_threads") or 0) > 0:
-        th.set_num_threads(int(cfg["torch_threads"]))
+    apply_torch_threads(cfg)
     total = int(cfg.get("total_timesteps", 0))
     if total < 1:
         raise ValueError(f"total_timesteps must be >= 1, got {total}")

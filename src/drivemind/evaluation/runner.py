@@ -18,8 +18,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .. import __version__
-from ..paths import machine_info
 from ..envs import DriveEnv
+from ..paths import machine_info
 from .metrics import EpisodeAccumulator, EpisodeRecord, compute_metrics
 from .report import write_reports
 from .video import VideoWriter, render_frame

@@ -127,18 +127,24 @@ def load_run(run_dir) -> dict:
             "evals": evals, "episodes": ep if ep.is_file() else None}
 
 
+def _runs_of(labels) -> str:
+    """Per-invocation labels joined by ", ", each consecutive repeat left out."""
+    out = []
+    for label in labels:
+        if not out or out[-1] != label:
+            out.append(label)
+    return ", ".join(out)
+
+
 def code_label(code) -> str:
     """The commits a run was trained at, short, oldest first (``+dirty``: tracked files differed
     from the commit; ``?``: not known); ``-`` for runs from before the code was recorded."""
     if not code:
         return "-"
-    out = []
-    for c in code:
-        c = c or {}
-        label = (c.get("commit") or "?")[:7] + ("+dirty" if c.get("dirty") else "")
-        if not out or out[-1] != label:
-            out.append(label)
-    return ", ".join(out)
+    def commit(c: dict) -> str:
+        return (c.get("commit") or "?")[:7] + ("+dirty" if c.get("dirty") else "")
+
+    return _runs_of(commit(c or {}) for c in code)
 
 
 def machines_label(code) -> str:
@@ -147,12 +153,7 @@ def machines_label(code) -> str:
     instructions (docs/simulator.md, "Determinism")."""
     from ..paths import machine_label
 
-    out = []
-    for c in code or [None]:
-        label = machine_label((c or {}).get("machine"))
-        if not out or out[-1] != label:
-            out.append(label)
-    return ", ".join(out)
+    return _runs_of(machine_label((c or {}).get("machine")) for c in code or [None])
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

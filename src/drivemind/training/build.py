@@ -22,6 +22,16 @@ def _sub(cfg: dict, key: str) -> dict:
     return dict(v)
 
 
+def apply_torch_threads(cfg: dict) -> None:
+    """Set torch's intra-op threads to the config's ``torch_threads`` (0 or absent: torch's
+    default, every core). Training and evaluation alike: the default oversubscribes the cores
+    beside other jobs (docs/evaluation.md)."""
+    if int(cfg.get("torch_threads") or 0) > 0:
+        import torch as th
+
+        th.set_num_threads(int(cfg["torch_threads"]))
+
+
 def study_world(cfg: dict) -> dict:
     """``cfg`` (a saved run's config) with the traffic settings added after the study began
     (``sim.config.STUDY_TRAFFIC``) set to their old values when it is a study run whose config

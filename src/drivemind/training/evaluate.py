@@ -9,7 +9,7 @@ import numpy as np
 import torch as th
 import yaml
 
-from .build import check_compatible, study_world
+from .build import apply_torch_threads, check_compatible, study_world
 from .callbacks import latest_checkpoint
 
 
@@ -93,13 +93,9 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     run_dir = Path(run_dir)
     policy, _ = load_policy(run_dir, checkpoint, device)
     cfg = policy.config
-    if int(cfg.get("torch_threads") or 0) > 0:
-        # the run's torch threads, as it trained: torch's default (every core) beside other jobs
-        # oversubscribes the cores (an evaluation beside one busy process: 23 s at 2 threads,
-        # 12 s at 1; beside a study's training runs up to 17x slower, docs/evaluation.md)
-        import torch as th
-
-        th.set_num_threads(int(cfg["torch_threads"]))
+    # the run's torch threads, as it trained (an evaluation beside one busy process: 23 s at torch's
+    # default of 2 threads, 12 s at 1; beside a study's training runs up to 17x slower)
+    apply_torch_threads(cfg)
     town = town or cfg["town"]["name"]
     density = density or cfg["density"]["name"]
     if not sim:  # a study run from before a traffic setting existed: the old world

@@ -22,7 +22,7 @@ import yaml
 
 from ..evaluation import compute_metrics
 from ..paths import code_version
-from .build import (check_compatible, make_model, make_reward_from_cfg, make_vec_env,
+from .build import (apply_torch_threads, check_compatible, make_model, make_reward_from_cfg, make_vec_env,
                     observation_signature, study_world)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
                         save_checkpoint)
@@ -121,9 +121,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
 
-    if int(cfg.get("torch_threads") or 0) > 0:
-        import torch as th
-        th.set_num_threads(int(cfg["torch_threads"]))
+    apply_torch_threads(cfg)
     total = int(cfg["total_timesteps"])
     reward_fn = make_reward_from_cfg(cfg)
     venv = make_vec_env(cfg)
