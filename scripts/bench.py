@@ -297,6 +297,7 @@ def bench_sim(args) -> dict:
     route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
         snap = world.step(pilot.act(snap))
+    world.warm_kernels()  # and those the first steps did not call
     snap = world.reset(seed=args.seed, ego_pose=route.start)
     pilot.set_route(route)
     steps = int(round(args.seconds / world.cfg.dt))

@@ -920,3 +920,68 @@ def test_far_away_ego_pose_does_not_crash():
                          timeout=120)
     assert res.returncode == 0, f"process died with return code {res.returncode}: {res.stderr[-500:]}"
     assert res.stdout.strip() in ("REJECTED", "STEPPED")
+
+
+# ================================================================== the step's fast paths
+def test_the_swept_pairwise_overlaps_find_every_pair_the_all_pairs_test_finds():
+    """pairwise_overlaps sweeps the boxes in order of x; it must find exactly the overlapping pairs
+    an all-pairs separating-axis test finds, walker-walker pairs skipped."""
+    from drivemind.sim.kernels import obb_overlap, pairwise_overlaps
+
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        n = int(rng.integers(2, 90))
+        pos = rng.uniform(0, 40 if trial % 2 else 12, (n, 2))
+        yaw = rng.uniform(-math.pi, math.pi, n)
+        ext = np.column_stack([rng.uniform(0.2, 3.0, n), rng.uniform(0.2, 1.2, n)])
+        cls = rng.integers(0, 5, n).astype(np.int8)
+        walker = 4
+        want = set()
+        for i in range(n):
+            for j in range(i + 1, n):
+                if cls[i] == walker and cls[j] == walker:
+                    continue
+                if obb_overlap(pos[i, 0], pos[i, 1], math.cos(yaw[i]), math.sin(yaw[i]), ext[i, 0],
+                               ext[i, 1], pos[j, 0], pos[j, 1], math.cos(yaw[j]), math.sin(yaw[j]),
+                               ext[j, 0], ext[j, 1]):
+                    want.add(i * n + j)
+        out = np.empty(4096, np.int64)
+        k = pairwise_overlaps(pos, yaw, ext, np.hypot(ext[:, 0], ext[:, 1]), walker, cls, out)
+        assert k == len(want) and set(out[:k].tolist()) == want, trial
+    assert want  # the dense trials do overlap
+
+
+def test_a_snapshot_keeps_its_positions_while_the_world_steps_on(grid):
+    """Snapshots share the episode's ids, classes and extents (read-only) and own their positions,
+    headings and velocities: stepping the world does not change an older snapshot."""
+    world = LiteWorld(grid, density_config("drivevlm"))
+    first = world.reset(seed=2, ego_pose=0)
+    pos, yaw, vel = first.actors.pos.copy(), first.actors.yaw.copy(), first.actors.velocity.copy()
+    for _ in range(30):
+        later = world.step((0.0, 0.5))
+    assert not np.allclose(later.actors.pos, pos)  # the traffic moved
+    assert np.array_equal(first.actors.pos, pos) and np.array_equal(first.actors.yaw, yaw)
+    assert np.array_equal(first.actors.velocity, vel)
+    assert later.actors.id is first.actors.id  # shared within the episode ...
+    for a in (later.actors.id, later.actors.cls, later.actors.extent, later.lights.id):
+        with pytest.raises(ValueError, match="read-only"):
+            a[0] = a[0]  # ... so nobody may write to them
+    v = later.actors.velocity[: len(world.v_v)]
+    assert np.allclose(np.hypot(v[:, 0], v[:, 1]), world.v_v)
+    walking = world.w_state == 1
+    wv = later.actors.velocity[len(world.v_v):]
+    assert np.allclose(np.hypot(wv[:, 0], wv[:, 1]), np.where(walking, world.w_speed, 0.0))
+
+
+def test_warm_kernels_loads_the_kernels_a_step_calls_late(grid):
+    """Kernels first called only near a junction or after long waits load in warm_kernels, so a
+    benchmark's clock never includes a cache load; the world is left as it was."""
+    from drivemind.sim import kernels as K
+
+    world = LiteWorld(grid, density_config("dense"))
+    world.reset(seed=0, ego_pose=0)
+    before = (world.v_xy.copy(), world.v_blocker.copy(), world._ego_jlanes.copy(), world.frame)
+    world.warm_kernels()
+    assert K.junction_lanes_near.signatures and K.wait_cycles.signatures
+    assert np.array_equal(world.v_xy, before[0]) and np.array_equal(world.v_blocker, before[1])
+    assert np.array_equal(world._ego_jlanes, before[2]) and world.frame == before[3]

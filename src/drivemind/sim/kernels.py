@@ -140,29 +140,54 @@ def overlaps_with(x, y, yaw, hl, hw, pos, ayaw, ext, out):
 
 
 @nb.njit(cache=True)
-def pairwise_overlaps(pos, ayaw, ext, skip_cls, cls, out):
+def pairwise_overlaps(pos, ayaw, ext, radius, skip_cls, cls, out):
     """All overlapping pairs (i < j) among boxes, except pairs where both have class skip_cls.
-    Writes pairs as i * N + j into out; returns the count."""
+    ``radius``: each box's circumradius, ``hypot(*ext[i])``. Boxes are swept in order of x, so
+    only pairs whose x ranges can meet are tested. Writes pairs as i * N + j into out; returns the
+    count."""
     n = pos.shape[0]
     cnt = 0
+    if n < 2:
+        return 0
+    order = np.argsort(pos[:, 0])
+    rmax = 0.0
     for i in range(n):
-        ri = math.hypot(ext[i, 0], ext[i, 1])
-        ci = math.cos(ayaw[i])
-        si = math.sin(ayaw[i])
-        for j in range(i + 1, n):
+        rmax = max(rmax, radius[i])
+    for a in range(n):
+        i0 = order[a]
+        for b in range(a + 1, n):
+            j0 = order[b]
+            dx = pos[j0, 0] - pos[i0, 0]  # >= 0 in this order
+            if dx > radius[i0] + rmax:
+                break
+            i, j = (i0, j0) if i0 < j0 else (j0, i0)
             if cls[i] == skip_cls and cls[j] == skip_cls:
                 continue
+            rr = radius[i] + radius[j]
             dx = pos[j, 0] - pos[i, 0]
             dy = pos[j, 1] - pos[i, 1]
-            rr = ri + math.hypot(ext[j, 0], ext[j, 1])
             if dx * dx + dy * dy > rr * rr:
                 continue
-            if obb_overlap(pos[i, 0], pos[i, 1], ci, si, ext[i, 0], ext[i, 1], pos[j, 0], pos[j, 1],
-                           math.cos(ayaw[j]), math.sin(ayaw[j]), ext[j, 0], ext[j, 1]):
+            if obb_overlap(pos[i, 0], pos[i, 1], math.cos(ayaw[i]), math.sin(ayaw[i]), ext[i, 0],
+                           ext[i, 1], pos[j, 0], pos[j, 1], math.cos(ayaw[j]), math.sin(ayaw[j]),
+                           ext[j, 0], ext[j, 1]):
                 if cnt < out.shape[0]:
                     out[cnt] = i * n + j
                 cnt += 1
     return cnt
+
+
+@nb.njit(cache=True)
+def actor_velocities(v_v, v_yaw, w_speed, w_moving, w_yaw, out):
+    """World-frame velocities of the vehicles, then the walkers (standing ones 0) into out."""
+    nv = v_v.shape[0]
+    for i in range(nv):
+        out[i, 0] = v_v[i] * math.cos(v_yaw[i])
+        out[i, 1] = v_v[i] * math.sin(v_yaw[i])
+    for w in range(w_speed.shape[0]):
+        sp = w_speed[w] if w_moving[w] == 1 else 0.0
+        out[nv + w, 0] = sp * math.cos(w_yaw[w])
+        out[nv + w, 1] = sp * math.sin(w_yaw[w])
 
 
 @nb.njit(cache=True)
@@ -958,7 +983,7 @@ def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen,
     state: 0 waiting on the kerb, 1 crossing, 2 walking the pavement along ``path[w, pk:plen]``,
     3 arrived across the road (the caller plans its next walk and sets state 2, or 0 to cross
     back); timer: seconds left to wait, or (crossing) seconds blocked. ``anode``/``bnode``: the
-    kerb-end nodes of a and b (swapped with them)."""
+    kerb-end nodes of a and b (swapped with them). Returns the number of walkers in state 3."""
     for w in range(pos.shape[0]):
         if state[w] == 0:
             timer[w] -= dt
@@ -1027,6 +1052,9 @@ def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen,
                 for j in range(veh_xy.shape[0]):
                     ex = px - veh_xy[j, 0]
                     ey = py - veh_xy[j, 1]
+                    rr = veh_ext[j, 0] + veh_ext[j, 1] + 1.01  # beyond the grown box's corners
+                    if ex * ex + ey * ey > rr * rr:
+                        continue
                     c = math.cos(veh_yaw[j])
                     sn = math.sin(veh_yaw[j])
                     if (abs(ex * c + ey * sn) < veh_ext[j, 0] + 0.5
@@ -1049,6 +1077,11 @@ def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen,
                         anode[w] = bnode[w]
                         bnode[w] = tn
                         timer[w] = 0.0
+    arrived = 0
+    for w in range(pos.shape[0]):
+        if state[w] == 3:
+            arrived += 1
+    return arrived
 
 
 @nb.njit(cache=True)

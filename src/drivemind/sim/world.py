@@ -57,17 +57,29 @@ def _predecessors(succ: np.ndarray) -> np.ndarray:
 
 def validate_action(action) -> tuple[float, float]:
     """(steer, throttle_brake) as floats; raises ValueError on bad shape, NaN/inf or |a| > 1."""
+    if type(action) in (tuple, list) or (isinstance(action, np.ndarray) and action.ndim == 1):
+        if len(action) == 2:  # the common case, without building an array every step
+            try:
+                steer, tb = float(action[0]), float(action[1])
+            except (TypeError, ValueError):
+                pass  # nested or odd values: numpy's reading below decides
+            else:
+                return _checked_action(steer, tb)
     try:
         a = np.asarray(action, dtype=float).reshape(-1)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"action must be two numbers (steer, throttle_brake), got {action!r}") from exc
     if a.shape != (2,):
         raise ValueError(f"action must have 2 values (steer, throttle_brake), got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"action contains a non-finite value: {a.tolist()}; check the policy output")
-    if np.any(np.abs(a) > 1.0 + 1e-6):
-        raise ValueError(f"action {a.tolist()} is outside [-1, 1]^2; clip it (the Gymnasium env does)")
-    return float(a[0]), float(a[1])
+    return _checked_action(float(a[0]), float(a[1]))
+
+
+def _checked_action(steer: float, tb: float) -> tuple[float, float]:
+    if not (math.isfinite(steer) and math.isfinite(tb)):
+        raise ValueError(f"action contains a non-finite value: {[steer, tb]}; check the policy output")
+    if abs(steer) > 1.0 + 1e-6 or abs(tb) > 1.0 + 1e-6:
+        raise ValueError(f"action {[steer, tb]} is outside [-1, 1]^2; clip it (the Gymnasium env does)")
+    return steer, tb
 
 
 class LiteWorld:
@@ -83,6 +95,8 @@ class LiteWorld:
         self.clear = tab["clear"] if self._release else np.zeros((1, 1))
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
+        self._light_ids = np.arange(len(self.lights.junction_of_light), dtype=np.int64)
+        self._light_ids.flags.writeable = False
         # actuated signals: the longest green while another phase has demand
         self._max_green = tp.green if tp.max_green is None else tp.max_green
         # any lane with a neighbour of its own direction (else no lane changes to consider)
@@ -166,6 +180,7 @@ class LiteWorld:
         self.npc_wait_cycles = 0
         self.npc_max_stuck_s = 0.0
         self.npc_overtakes = self.npc_overtake_aborts = 0
+        self._fixed_actor_arrays()
         self._actors = self._actor_arrays()
         return self._snapshot([], 0)
 
@@ -487,20 +502,31 @@ class LiteWorld:
             if tp.stuck_respawn is not None and m > tp.stuck_respawn:
                 self._respawn_stuck()
         if len(self.w_xy):
-            veh_xy = np.concatenate([self.v_xy, [[e["x"], e["y"]]]])
-            veh_v = np.concatenate([self.v_v, [e["v"]]])
-            veh_yaw = np.concatenate([self.v_yaw, [e["yaw"]]])
-            veh_ext = np.concatenate([np.stack([self.v_hl, self.v_hw], 1), [[ehl, ehw]]])
-            K.walkers_step(dt, self.w_xy, self.w_yaw, self.w_state, self.w_timer, self.w_a, self.w_b,
-                           self.w_anode, self.w_bnode, self.w_path, self.w_plen, self.w_pk,
-                           self.w_speed, veh_xy, veh_v, veh_yaw, veh_ext, tp.walker_clear_time,
-                           tp.walker_clear_dist,
-                           tp.walker_wait[0], tp.walker_wait[1], self.rng.random(len(self.w_xy)),
-                           self._pave is not None)
-            for w in np.flatnonzero(self.w_state == 3):
-                self._next_walk(int(w))
+            veh_xy, veh_v, veh_yaw, veh_ext = self._veh  # the vehicles, the ego last
+            veh_xy[:n], veh_v[:n], veh_yaw[:n] = self.v_xy, self.v_v, self.v_yaw
+            veh_xy[n, 0], veh_xy[n, 1], veh_v[n], veh_yaw[n] = e["x"], e["y"], e["v"], e["yaw"]
+            arrived = K.walkers_step(
+                dt, self.w_xy, self.w_yaw, self.w_state, self.w_timer, self.w_a, self.w_b,
+                self.w_anode, self.w_bnode, self.w_path, self.w_plen, self.w_pk, self.w_speed,
+                veh_xy, veh_v, veh_yaw, veh_ext, tp.walker_clear_time, tp.walker_clear_dist,
+                tp.walker_wait[0], tp.walker_wait[1], self.rng.random(len(self.w_xy)),
+                self._pave is not None)
+            if arrived:
+                for w in np.flatnonzero(self.w_state == 3):
+                    self._next_walk(int(w))
         events, npc_new = self._collisions()
         return self._snapshot(events, npc_new)
+
+    def warm_kernels(self) -> None:
+        """Load every compiled kernel the step may call, so that none loads (tens of
+        milliseconds each) in the middle of a timed run: some are first called only when the ego
+        nears a junction or a vehicle has stood long. Changes no state."""
+        e = self.ego
+        K.junction_lanes_near(*self._grid.args(), self.map.pts, self.map.yaw, self.map.point_lane,
+                              self.map.junction, e["x"], e["y"], e["yaw"], math.pi / 4, 2.0,
+                              np.full(16, -1, np.int64))
+        K.wait_cycles(self.v_blocker.copy(), self.v_stuck.copy(), math.inf,
+                      np.full(len(self.v_lane), -1, np.int64))
 
     def _ego_step(self, steer: float, tb: float, dt: float):
         p, e = self.cfg.ego, self.ego
@@ -534,15 +560,30 @@ class LiteWorld:
                            tp.all_red, self.light_state)
 
     # ------------------------------------------------------------------ collisions
-    def _actor_arrays(self):
-        W = len(self.w_xy)
-        pos = np.concatenate([self.v_xy, self.w_xy]) if W else self.v_xy
-        yaw = np.concatenate([self.v_yaw, self.w_yaw]) if W else self.v_yaw
-        ext = np.empty((len(pos), 2))
-        ext[:len(self.v_xy), 0], ext[:len(self.v_xy), 1] = self.v_hl, self.v_hw
-        ext[len(self.v_xy):] = WALKER_EXTENT
+    def _fixed_actor_arrays(self):
+        """What stays the same from reset to reset: the actors' ids, classes and extents (shared,
+        read-only, by every snapshot of the episode), their circumradii, and the buffers the
+        walkers read the vehicles (the ego last) from."""
+        nv, W = len(self.v_xy), len(self.w_xy)
+        ext = np.empty((nv + W, 2))
+        ext[:nv, 0], ext[:nv, 1] = self.v_hl, self.v_hw
+        ext[nv:] = WALKER_EXTENT
         cls = np.concatenate([self.v_cls, np.full(W, int(ActorClass.WALKER), np.int8)])
         ids = np.concatenate([self.v_id, self.w_id])
+        for a in (ids, cls, ext):
+            a.flags.writeable = False
+        self._fixed = ids, cls, ext, np.hypot(ext[:, 0], ext[:, 1])
+        veh_ext = np.empty((nv + 1, 2))
+        veh_ext[:nv] = ext[:nv]
+        veh_ext[nv] = self.cfg.ego.length / 2, self.cfg.ego.width / 2
+        self._veh = np.empty((nv + 1, 2)), np.empty(nv + 1), np.empty(nv + 1), veh_ext
+
+    def _actor_arrays(self):
+        """(ids, cls, pos, yaw, ext) of every actor, vehicles first; pos and yaw are new arrays
+        (a snapshot keeps them), the rest is fixed for the episode."""
+        ids, cls, ext, _ = self._fixed
+        pos = np.concatenate((self.v_xy, self.w_xy))
+        yaw = np.concatenate((self.v_yaw, self.w_yaw))
         return ids, cls, pos, yaw, ext
 
     def _collisions(self):
@@ -576,7 +617,7 @@ class LiteWorld:
                 events.append(CollisionEvent(-1, ActorClass.STATIC, e["v"], 0.0, e["x"], e["y"]))
             self._static_contact = off
         pbuf = np.empty(64, np.int64)
-        npair = K.pairwise_overlaps(pos, yaw, ext, int(ActorClass.WALKER), cls, pbuf)
+        npair = K.pairwise_overlaps(pos, yaw, ext, self._fixed[3], int(ActorClass.WALKER), cls, pbuf)
         nall, nv = len(pos), len(self.v_lane)
         pairs = set()
         for pr in pbuf[:min(npair, 64)].tolist():
@@ -600,21 +641,15 @@ class LiteWorld:
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
         e, cfg = self.ego, self.cfg
         ids, cls, pos, yaw, ext = self._actors  # set by reset() and _collisions()
-        vel = np.zeros((len(ids), 2))
-        nv = len(self.v_v)
-        vel[:nv, 0] = self.v_v * np.cos(self.v_yaw)
-        vel[:nv, 1] = self.v_v * np.sin(self.v_yaw)
-        if len(self.w_xy):
-            ws = self.w_speed * (self.w_state == 1)
-            vel[nv:, 0] = ws * np.cos(self.w_yaw)
-            vel[nv:, 1] = ws * np.sin(self.w_yaw)
+        vel = np.empty((len(ids), 2))
+        K.actor_velocities(self.v_v, self.v_yaw, self.w_speed, self.w_state, self.w_yaw, vel)
         lt = self.lights
         ego = EgoState(e["x"], e["y"], e["yaw"], e["v"], e["yaw_rate"], e["accel"], e["steer"],
                        e["throttle"], e["brake"], (cfg.ego.length / 2, cfg.ego.width / 2))
-        lights = TrafficLights(np.arange(len(lt.junction_of_light), dtype=np.int64), lt.pos, lt.yaw,
-                               self.light_state.astype(np.uint8), lt.stop_lines)
+        lights = TrafficLights(self._light_ids, lt.pos, lt.yaw, self.light_state.astype(np.uint8),
+                               lt.stop_lines)
         return WorldSnapshot(self.frame, self.time, cfg.dt, ego,
-                             Actors(ids, cls, pos.copy(), yaw.copy(), ext, vel), lights, events,
+                             Actors(ids, cls, pos, yaw, ext, vel), lights, events,
                              npc_new, self.backend)
 
     # ------------------------------------------------------------------ helpers
