@@ -286,3 +286,30 @@ def test_bench_update_times_the_fast_path_gradient_step_per_batch_size(capsys):
         bench.main(["update", "--autocast", "fp8"])
     with pytest.raises(SystemExit, match="integers >= 2"):
         bench.main(["update", "--batch-sizes", "1"])
+
+
+def test_the_labeller_reads_the_buffer_stats_on_the_first_round_and_every_64th():
+    """Labeller.logs runs before every training round; the buffer's stats cost O(buffer), so
+    they are read on the first round and every BUFFER_STATS_EVERY-th one, and the rounds between
+    log the last reading."""
+    from gymnasium import spaces
+
+    from drivemind.agents.labelling import BUFFER_STATS_EVERY, Labeller
+
+    space = spaces.Dict({"x": spaces.Box(-1e6, 1e6, (1,), np.float32)})
+    buf = RelabelReplayBuffer(8, space, spaces.Box(-1, 1, (2,), np.float32), fact_keys=("f",))
+    reads = []
+    real = buf.stats
+    buf.stats = lambda: reads.append(1) or real()
+    lab = Labeller(make_reward("drivemind_kinematic"))
+    first = lab.logs(buf)
+    assert first["buffer/megabytes"] > 0 and len(reads) == 1
+    buf.add({"x": np.ones((1, 1), np.float32)}, {"x": np.ones((1, 1), np.float32)},
+            np.zeros((1, 2)), np.zeros(1), np.array([0]), [{"f": 0.0}])
+    for _ in range(BUFFER_STATS_EVERY - 1):
+        assert lab.logs(buf) == first  # the reading of round 0
+    assert len(reads) == 1
+    later = lab.logs(buf)  # round 64 reads again and sees the new row
+    assert len(reads) == 2 and later != first
+    assert sum(v for k, v in later.items() if k in ("buffer/pending", "buffer/labelled",
+                                                     "buffer/invalid")) == 1

@@ -137,6 +137,9 @@ def bev_frames(buf: RelabelReplayBuffer, slots: np.ndarray, next: bool) -> np.nd
     return buf._read_rows((rows + 1) % buf.buffer_size, envs, terminal, scaled=False)["bev"].numpy()
 
 
+BUFFER_STATS_EVERY = 64  # training rounds between two readings of the buffer's stats in logs()
+
+
 class Labeller:
     """The reward, its image tower and its reward service for one agent (module docstring).
 
@@ -179,6 +182,8 @@ class Labeller:
         self.rollout_embeddings = self.rollout_obs_embeddings = self.rollout_view_embeddings = None
         self.rollout_columns: dict[str, np.ndarray] = {}
         self._carry = None
+        self._buffer_stats: dict | None = None  # buffer stats as of the last time logs() took them
+        self._logs_calls = 0
 
     # ------------------------------------------------------------------ reward
     @property
@@ -478,7 +483,13 @@ class Labeller:
         if self._service is not None:
             out.update({f"reward_service/{k}": v for k, v in self._service.stats().items()})
         if isinstance(buf, RelabelReplayBuffer):
-            out.update(buf.stats())
+            # the buffer's counts and size cost O(buffer) (a bincount of every label, the bytes of
+            # every stored terminal frame): taken on the first call and every BUFFER_STATS_EVERY-th
+            # after it, not on every training round (2-5 % of a study run's time)
+            if self._buffer_stats is None or self._logs_calls % BUFFER_STATS_EVERY == 0:
+                self._buffer_stats = buf.stats()
+            self._logs_calls += 1
+            out.update(self._buffer_stats)
         return out
 
     # ------------------------------------------------------------------ reward service
