@@ -351,7 +351,9 @@ def traffic_step(
     whose way is the lane an overtaking vehicle is out in brakes for it (head-on), and so does the
     overtaking one for a vehicle coming the other way; the overtaking one's corridor (for the
     ego and walkers) is widened by its offset; it drops back (OTK_FALL) braking comfortably; its
-    offset moves to the oncoming lane's centre and back at :func:`_lat_rate`."""
+    offset moves to the oncoming lane's centre and back at :func:`_lat_rate`.
+
+    Returns the longest standing time (``stuck``) of any vehicle after the step."""
     n = lane.shape[0]
     K = path.shape[1]
     n_otk = 0  # vehicles out in an oncoming lane
@@ -791,6 +793,10 @@ def traffic_step(
         xy[i, 0] = x
         xy[i, 1] = y
         heading[i] = h
+    longest = 0.0
+    for i in range(n):
+        longest = max(longest, stuck[i])
+    return longest
 
 
 @nb.njit(cache=True)

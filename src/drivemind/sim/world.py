@@ -451,6 +451,8 @@ class LiteWorld:
                                        self.map.point_lane, self.map.junction, e["x"], e["y"],
                                        e["yaw"], math.pi / 4, 2.0, self._ego_jlanes)
         n = len(self.v_lane)
+        ego_xy = np.array((e["x"], e["y"]))
+        walking = self.w_state == 1
         if n and tp.lane_changes and self._multilane and self.frame % LC_EVERY == 0:
             rm = self.map
             self.lane_change_total += K.lane_changes(
@@ -458,7 +460,7 @@ class LiteWorld:
                 rm.right_same_dir, self.lane_vmax, self.v_lane, self.v_s, self.v_v, self.v_acc,
                 self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
                 self.v_amax, self.v_b,
-                self.v_lat, self.v_lcfrom, self.v_lctimer, np.array([e["x"], e["y"]]), ego_lane,
+                self.v_lat, self.v_lcfrom, self.v_lctimer, ego_xy, ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
                 tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
         decide = self.frame % LC_EVERY == 0
@@ -470,12 +472,12 @@ class LiteWorld:
                 self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_path,
                 self.v_grant, self.v_lat, self.v_lcfrom, self.v_blocker, self.v_stuck, self.v_otk,
                 self.v_otk_of, self.v_otk_off, self.v_otk_lane, self.v_otk_t,
-                np.array([e["x"], e["y"]]), e["v"], self.w_xy, self.w_state == 1, tp.idm_s0,
+                ego_xy, e["v"], self.w_xy, walking, tp.idm_s0,
                 self.v_xy)
             self.npc_overtakes += st
             self.npc_overtake_aborts += ab
         if n:
-            K.traffic_step(
+            m = K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
                 self.lights.lane_light, self.lane_vmax,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
@@ -483,18 +485,16 @@ class LiteWorld:
                 self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_b, self.v_lat,
                 self.v_lcfrom,
                 self.light_state,
-                np.array([e["x"], e["y"]]), e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
+                ego_xy, e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj,
-                self.w_xy, self.w_state == 1,
+                self.w_xy, walking,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
                 self.clear, self._release, tp.release_margin,
                 self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
             )
-        if n:
-            m = float(self.v_stuck.max())
-            if m > self.npc_max_stuck_s:
+            if m > self.npc_max_stuck_s:  # m: the longest standing time now
                 self.npc_max_stuck_s = m
             if (tp.wait_cycle_after is not None and m >= tp.wait_cycle_after
                     and self.frame % CYCLE_EVERY == 0):
@@ -577,6 +577,7 @@ class LiteWorld:
         veh_ext[:nv] = ext[:nv]
         veh_ext[nv] = self.cfg.ego.length / 2, self.cfg.ego.width / 2
         self._veh = np.empty((nv + 1, 2)), np.empty(nv + 1), np.empty(nv + 1), veh_ext
+        self._hits = np.empty(max(nv + W, 1), np.int64), np.empty(64, np.int64)  # contact buffers
 
     def _actor_arrays(self):
         """(ids, cls, pos, yaw, ext) of every actor, vehicles first; pos and yaw are new arrays
@@ -590,11 +591,11 @@ class LiteWorld:
         cfg, e = self.cfg, self.ego
         ids, cls, pos, yaw, ext = self._actors = self._actor_arrays()
         events = []
-        buf = np.empty(max(len(pos), 1), np.int64)
+        buf, pbuf = self._hits
         k = K.overlaps_with(e["x"], e["y"], e["yaw"], cfg.ego.length / 2, cfg.ego.width / 2, pos, yaw,
                             ext, buf)
         now = set()
-        for j in buf[:k]:
+        for j in (buf[:k].tolist() if k else ()):
             if j < len(self.v_lane) and self._grade_separated(self._ego_lane, e["yaw"],
                                                               int(self.v_lane[j]), float(yaw[j])):
                 continue
@@ -616,7 +617,6 @@ class LiteWorld:
             if off and not self._static_contact:
                 events.append(CollisionEvent(-1, ActorClass.STATIC, e["v"], 0.0, e["x"], e["y"]))
             self._static_contact = off
-        pbuf = np.empty(64, np.int64)
         npair = K.pairwise_overlaps(pos, yaw, ext, self._fixed[3], int(ActorClass.WALKER), cls, pbuf)
         nall, nv = len(pos), len(self.v_lane)
         pairs = set()
