@@ -613,10 +613,46 @@ def test_report_lists_what_the_study_still_lacks_with_the_commands(study, tmp_pa
     assert chen["command"] == ("python scripts/train.py -m experiment=study_table1 "
                                "'hydra.sweeper.params.reward=\"chen\"' 'hydra.sweeper.params.seed=\"2\"'")
     assert train["table1", "tirl"]["seeds"] == [0, 1, 2] and train["table1", "tirl"]["est_minutes"] is None
-    assert train["table2", "drivemind reward.ablate=hvfr"]["command"].endswith(" reward.ablate=hvfr")
+    assert train["table2", "drivemind reward.ablate=hvfr"]["command"] == (
+        "python scripts/train.py -m experiment=study_table1 reward=drivemind reward.ablate=hvfr seed=0,1,2")
     assert train["ppo", "drivemind"]["command"] == "python scripts/train.py -m experiment=study_ppo reward=drivemind seed=0,1,2"
     assert train["guidance", "found_rl_clip algo.guidance=both"]["command"].endswith(" algo.guidance=both")
     # Town01-dense is on disk for every drivemind seed, and for NoAICR but seed 1; Town03 for none
     assert ("drivemind", "Town01-dense") not in ev and ev["drivemind", "Town03-regular"] == [0, 1, 2]
     assert ev["drivemind reward.ablate=aicr", "Town01-dense"] == [1]
     assert "todo table1: train chen seed(s) 2, ~" in out
+
+
+def test_every_todo_command_composes_as_hydra_composes_it_before_a_sweep(study, tmp_path):
+    """Before it sweeps, Hydra composes the command line alone (the sweeper's params not yet
+    applied): each training command --todo prints must compose that way, and again with the first
+    value of each of its sweeps (a job). `reward.ablate=...` next to a reward only in the params
+    failed there ("Key 'ablate' is not in struct")."""
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    root, a, b = study
+    res = load_script("report").main([str(a), str(b), "--out", str(tmp_path / "rep"), "--todo"])
+    commands = {i["command"] for i in res["todo"] if i["what"] == "train"}
+    assert any("reward.ablate" in c for c in commands) and any("study_ppo" in c for c in commands)
+    conf = str(Path(__file__).resolve().parents[1] / "configs")
+    for c in commands:
+        words = shlex.split(c)
+        assert words[:4] == ["python", "scripts/train.py", "-m", words[3]]
+        overrides = words[3:]
+        plain = [o for o in overrides if not o.startswith("hydra.")]
+        with initialize_config_dir(config_dir=conf, version_base=None):
+            # the pre-sweep compose, as `train.py -m` does it
+            GlobalHydra.instance().hydra.compose_config("config", overrides,
+                                                        run_mode=RunMode.MULTIRUN)
+            job = [o.split("=", 1)[0] + "=" + o.split("=", 1)[1].strip('"').split(",")[0]
+                   for o in plain]
+            params = [o.split("=", 1) for o in overrides if o.startswith("hydra.sweeper.params.")]
+            job += [k.removeprefix("hydra.sweeper.params.") + "=" + v.strip('"').split(",")[0]
+                    for k, v in params]
+            cfg = compose("config", overrides=job)
+            if "reward.ablate=" in c:
+                assert cfg.reward.ablate == c.split("reward.ablate=")[1].split()[0]

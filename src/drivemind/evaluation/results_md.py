@@ -179,8 +179,11 @@ def todo(report: dict, spec: dict) -> list[dict]:
         evaluate("table1", rew, "sac", t1, reward=rew)
     for ab, _ in ABLATIONS[1:]:  # Full is Table 1's drivemind
         r = pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac", town=town, density=density)
+        # reward=drivemind on the command line, not in the sweeper's params: Hydra composes the
+        # command line alone once before the sweep, and only drivemind's config has reward.ablate
         train("table2", f"drivemind reward.ablate={ab}", r, t1["seeds"],
-              lambda s, ab=ab: sweep.format("drivemind", s) + f" reward.ablate={ab}")
+              lambda s, ab=ab: f"python scripts/train.py -m experiment=study_table1 reward=drivemind "
+                               f"reward.ablate={ab} seed={s}")
         evaluate("table2", f"drivemind reward.ablate={ab}", "sac", t1, reward="drivemind", ablate=ab)
     ptown, pdensity = ppo["train"]
     for rew in ppo["rewards"]:
