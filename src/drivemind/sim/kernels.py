@@ -178,14 +178,15 @@ def pairwise_overlaps(pos, ayaw, ext, radius, skip_cls, cls, out):
 
 
 @nb.njit(cache=True)
-def actor_velocities(v_v, v_yaw, w_speed, w_moving, w_yaw, out):
-    """World-frame velocities of the vehicles, then the walkers (standing ones 0) into out."""
+def actor_velocities(v_v, v_yaw, w_speed, w_state, w_yaw, out):
+    """World-frame velocities of the vehicles, then the walkers, into out; a walker counts as
+    moving while it crosses (state 1), as the snapshot has always reported it."""
     nv = v_v.shape[0]
     for i in range(nv):
         out[i, 0] = v_v[i] * math.cos(v_yaw[i])
         out[i, 1] = v_v[i] * math.sin(v_yaw[i])
     for w in range(w_speed.shape[0]):
-        sp = w_speed[w] if w_moving[w] == 1 else 0.0
+        sp = w_speed[w] if w_state[w] == 1 else 0.0
         out[nv + w, 0] = sp * math.cos(w_yaw[w])
         out[nv + w, 1] = sp * math.sin(w_yaw[w])
 
