@@ -630,7 +630,6 @@ def test_every_todo_command_composes_as_hydra_composes_it_before_a_sweep(study, 
     failed there ("Key 'ablate' is not in struct")."""
     import shlex
 
-    from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 

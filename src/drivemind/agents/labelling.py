@@ -486,7 +486,7 @@ class Labeller:
             # the buffer's counts and size cost O(buffer) (a bincount of every label, the bytes of
             # every stored terminal frame): taken on the first call and every BUFFER_STATS_EVERY-th
             # after it, not on every training round (2-5 % of a study run's time)
-            if self._buffer_stats is None or self._logs_calls % BUFFER_STATS_EVERY == 0:
+            if self._logs_calls % BUFFER_STATS_EVERY == 0:  # the first call reads them too
                 self._buffer_stats = buf.stats()
             self._logs_calls += 1
             out.update(self._buffer_stats)

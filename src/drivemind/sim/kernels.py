@@ -150,9 +150,7 @@ def pairwise_overlaps(pos, ayaw, ext, radius, skip_cls, cls, out):
     if n < 2:
         return 0
     order = np.argsort(pos[:, 0])
-    rmax = 0.0
-    for i in range(n):
-        rmax = max(rmax, radius[i])
+    rmax = radius.max()
     for a in range(n):
         i0 = order[a]
         for b in range(a + 1, n):

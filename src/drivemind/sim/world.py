@@ -447,9 +447,7 @@ class LiteWorld:
         nj = 0
         if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
                 or self._lane_length[ego_lane] - ego_s < 2.5):
-            nj = K.junction_lanes_near(*self._grid.args(), self.map.pts, self.map.yaw,
-                                       self.map.point_lane, self.map.junction, e["x"], e["y"],
-                                       e["yaw"], math.pi / 4, 2.0, self._ego_jlanes)
+            nj = self._junction_lanes_at_ego(self._ego_jlanes)
         n = len(self.v_lane)
         ego_xy = np.array((e["x"], e["y"]))
         walking = self.w_state == 1
@@ -521,12 +519,16 @@ class LiteWorld:
         """Load every compiled kernel the step may call, so that none loads (tens of
         milliseconds each) in the middle of a timed run: some are first called only when the ego
         nears a junction or a vehicle has stood long. Changes no state."""
-        e = self.ego
-        K.junction_lanes_near(*self._grid.args(), self.map.pts, self.map.yaw, self.map.point_lane,
-                              self.map.junction, e["x"], e["y"], e["yaw"], math.pi / 4, 2.0,
-                              np.full(16, -1, np.int64))
-        K.wait_cycles(self.v_blocker.copy(), self.v_stuck.copy(), math.inf,
-                      np.full(len(self.v_lane), -1, np.int64))
+        self._junction_lanes_at_ego(np.full(len(self._ego_jlanes), -1, np.int64))
+        # reads the waits-for edges and standing times, writes only its scratch array
+        K.wait_cycles(self.v_blocker, self.v_stuck, math.inf, np.full(len(self.v_lane), -1, np.int64))
+
+    def _junction_lanes_at_ego(self, out: np.ndarray) -> int:
+        """The junction lanes the ego may be on (heading within 45 degrees, within 2 m) into
+        ``out``; returns how many."""
+        e, rm = self.ego, self.map
+        return K.junction_lanes_near(*self._grid.args(), rm.pts, rm.yaw, rm.point_lane, rm.junction,
+                                     e["x"], e["y"], e["yaw"], math.pi / 4, 2.0, out)
 
     def _ego_step(self, steer: float, tb: float, dt: float):
         p, e = self.cfg.ego, self.ego
@@ -595,7 +597,7 @@ class LiteWorld:
         k = K.overlaps_with(e["x"], e["y"], e["yaw"], cfg.ego.length / 2, cfg.ego.width / 2, pos, yaw,
                             ext, buf)
         now = set()
-        for j in (buf[:k].tolist() if k else ()):
+        for j in buf[:k].tolist():
             if j < len(self.v_lane) and self._grade_separated(self._ego_lane, e["yaw"],
                                                               int(self.v_lane[j]), float(yaw[j])):
                 continue
