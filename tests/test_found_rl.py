@@ -94,6 +94,13 @@ def test_prompt_library():
                     f"and turning right.")
     custom = FoundRLClip(template="{speed} / {command} / {lateral} / {longitudinal}")
     assert custom.prompt_texts()[0] == f"{SPEED_PHRASES[0]} / {COMMAND_PHRASES[1]} / turning left sharply / braking hard"
+    # built once per template: every labelling round asks for the library
+    assert custom.prompt_texts() is custom.prompt_texts()
+    custom.template = "{command} | {speed} | {longitudinal} | {lateral}"
+    assert custom.prompt_texts()[0] == f"{COMMAND_PHRASES[1]} | {SPEED_PHRASES[0]} | braking hard | turning left sharply"
+    legacy = FoundRLClip()
+    del legacy._texts  # a reward pickled before the cache existed
+    assert legacy.prompt_texts() == p
     with pytest.raises(ValueError, match="format string"):
         FoundRLClip(template="{command} {steer}")
     with pytest.raises(ValueError, match="tau and eps must be > 0"):

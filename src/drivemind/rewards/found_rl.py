@@ -147,16 +147,21 @@ class FoundRLClip(ContrastiveReward):
             raise ValueError(f"template must be a format string with only the fields {{command}}, "
                              f"{{speed}}, {{longitudinal}}, {{lateral}}; got {template!r} ({e!r})") from None
         self.tau, self.template, self.eps, self.chunk = float(tau), template, float(eps), int(chunk)
+        self._texts: tuple[str, tuple[str, ...]] | None = None  # (template, its 720 prompts)
         self.neighbours = neighbour_matrix()
         self.rms = RunningMeanStd()
         self._prepared = False
 
     def prompt_texts(self):
-        """The 720-prompt library, ordered (command, speed bin, longitudinal, lateral)."""
-        return tuple(self.template.format(command=COMMAND_PHRASES[c], speed=s, longitudinal=lo,
-                                          lateral=la)
-                     for c in COMMAND_CODES for s in SPEED_PHRASES for lo in LONGITUDINAL
-                     for la in LATERAL)
+        """The 720-prompt library, ordered (command, speed bin, longitudinal, lateral): built once
+        per template (every labelling round asks for it; formatting 720 strings each time was a
+        few per cent of a run)."""
+        cached = getattr(self, "_texts", None)  # absent in rewards pickled before the cache
+        if cached is None or cached[0] != self.template:
+            cached = self._texts = (self.template, tuple(
+                self.template.format(command=COMMAND_PHRASES[c], speed=s, longitudinal=lo, lateral=la)
+                for c in COMMAND_CODES for s in SPEED_PHRASES for lo in LONGITUDINAL for la in LATERAL))
+        return cached[1]
 
     def context_index(self, batch) -> np.ndarray:
         """Index of each row's context (command x 4 + speed bin) in 0..23."""
