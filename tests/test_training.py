@@ -189,6 +189,61 @@ def test_a_new_run_never_overwrites_a_finished_one(sac_run, tmp_path):
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+def _complete_rows(path: Path) -> list[dict]:
+    """The rows of a CSV another process is appending to (a last line without its newline is
+    not a row yet)."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return list(csv.DictReader(text[:text.rfind("\n") + 1].splitlines()))
+
+
+def test_a_killed_run_resumes_with_its_time_code_and_one_episode_history(tmp_path):
+    """SIGKILL (a lost machine, a session's end) leaves no summary and episodes logged after the
+    last checkpoint. The resumed run counts the killed invocation's time up to the checkpoint and
+    its code, and the episodes it will drive anew leave episodes.csv for episodes.discarded.csv."""
+    run_dir = tmp_path / "run"
+    args = [*TINY, *SAC, "algo.learning_starts=100000", "total_timesteps=100001", "checkpoint_every=60",
+            "eval.at_end=false", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=REPO,
+                            env=script_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    latest, episodes = None, []
+    try:
+        deadline = time.monotonic() + 90
+        while True:  # frozen while we look, so no checkpoint or row can land in between
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no episode after a checkpoint within 90 s"
+            time.sleep(0.2)
+            proc.send_signal(signal.SIGSTOP)
+            latest = latest_checkpoint(run_dir)
+            episodes = _complete_rows(run_dir / "logs" / "episodes.csv")
+            if latest and latest["steps"] >= 120 and any(int(r["timesteps"]) > latest["steps"] for r in episodes):
+                proc.kill()
+                break
+            proc.send_signal(signal.SIGCONT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    n = latest["steps"]
+    assert not (run_dir / "summary.json").exists()
+    assert latest["wall_s_total"] > 0 and len(latest["code"]) == 1
+
+    summary = train(config(f"total_timesteps={n + 40}"), run_dir, resume=True)
+    assert summary["status"] == "finished" and summary["resumed_from"] == n and summary["steps"] == n + 40
+    assert len(summary["code"]) == 2 and summary["code"][0] == latest["code"][0]
+    assert summary["wall_s_total"] == pytest.approx(latest["wall_s_total"] + summary["wall_s"], abs=0.11)
+    kept = [r for r in episodes if int(r["timesteps"]) <= n]
+    late = [r for r in episodes if int(r["timesteps"]) > n]
+    rows = read_csv(run_dir / "logs" / "episodes.csv")
+    assert rows[:len(kept)] == kept and len(rows) > len(kept)
+    steps = [int(r["timesteps"]) for r in rows]
+    walls = [float(r["wall_s"]) for r in rows]
+    assert steps == sorted(steps) and walls == sorted(walls), "one history: steps and wall time only go up"
+    assert float(rows[len(kept)]["wall_s"]) > latest["wall_s_total"]
+    assert read_csv(run_dir / "logs" / "episodes.discarded.csv") == late
+
+
 # ---------------------------------------------------------------------------- SIGINT
 
 

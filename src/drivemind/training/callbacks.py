@@ -24,13 +24,16 @@ def _atomic_write(path: Path, text: str):
     os.replace(tmp, path)
 
 
-def save_checkpoint(model, ckpt_dir: Path, with_buffer: bool = True, keep: int = 2) -> dict:
+def save_checkpoint(model, ckpt_dir: Path, with_buffer: bool = True, keep: int = 2,
+                    record: dict | None = None) -> dict:
     """``model_<steps>.zip`` (+ ``buffer_<steps>.pkl``) and ``latest.json`` pointing at them.
     Files are written under temporary names and renamed, so a kill mid-save leaves the previous
-    checkpoint intact. Only the newest ``keep`` checkpoints are kept."""
+    checkpoint intact. Only the newest ``keep`` checkpoints are kept. ``record`` (JSON-able: the
+    run's wall time and code so far) is stored in ``latest.json`` beside the file names, so a run
+    killed before it could write its summary resumes with them."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     n = int(model.num_timesteps)
-    entry = {"steps": n, "model": f"model_{n}.zip"}
+    entry = {"steps": n, "model": f"model_{n}.zip", **(record or {})}
     tmp = ckpt_dir / f".model_{n}.zip"
     model.save(tmp)
     os.replace(tmp, ckpt_dir / entry["model"])
@@ -61,11 +64,14 @@ def latest_checkpoint(run_dir: Path) -> dict | None:
 
 
 class CheckpointEvery(BaseCallback):
-    """Checkpoint every ``every`` env steps (0: never, only at the end and on SIGINT)."""
+    """Checkpoint every ``every`` env steps (0: never, only at the end and on SIGINT); ``record``
+    (a callable giving ``save_checkpoint``'s record) is called at each checkpoint."""
 
-    def __init__(self, ckpt_dir: Path, every: int, with_buffer: bool = True, keep: int = 2):
+    def __init__(self, ckpt_dir: Path, every: int, with_buffer: bool = True, keep: int = 2,
+                 record=None):
         super().__init__()
         self.ckpt_dir, self.every, self.with_buffer, self.keep = Path(ckpt_dir), int(every), with_buffer, keep
+        self.record = record
         self._last = 0
 
     def _on_training_start(self):
@@ -73,7 +79,8 @@ class CheckpointEvery(BaseCallback):
 
     def _on_step(self) -> bool:
         if self.every > 0 and self.model.num_timesteps - self._last >= self.every:
-            save_checkpoint(self.model, self.ckpt_dir, self.with_buffer, self.keep)
+            save_checkpoint(self.model, self.ckpt_dir, self.with_buffer, self.keep,
+                            self.record() if self.record is not None else None)
             self._last = self.model.num_timesteps
         return True
 
@@ -128,6 +135,36 @@ class StopOnSignal(BaseCallback):
 
     def _on_step(self) -> bool:
         return self.received is None
+
+
+def trim_episodes(csv_path: Path, steps: int) -> int:
+    """Before a run resumes from its checkpoint at ``steps``: move the rows of ``episodes.csv``
+    that ended after it (written by an invocation killed before it could checkpoint again; the
+    resumed run drives those steps anew) to ``episodes.discarded.csv`` beside it, so the log keeps
+    one row per episode of the run's one history and nothing is deleted. Returns how many moved."""
+    csv_path = Path(csv_path)
+    if not csv_path.exists():
+        return 0
+    with open(csv_path, newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    late = [r for r in rows if int(float(r["timesteps"])) > steps]
+    if not late:
+        return 0
+    out = csv_path.with_name(csv_path.stem + ".discarded.csv")
+    new = not out.exists()
+    with open(out, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        if new:
+            w.writeheader()
+        w.writerows(late)
+    tmp = csv_path.with_name(csv_path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(r for r in rows if int(float(r["timesteps"])) <= steps)
+    os.replace(tmp, csv_path)
+    return len(late)
 
 
 class EpisodeMetrics(BaseCallback):

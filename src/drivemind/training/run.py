@@ -25,7 +25,7 @@ from ..paths import code_version
 from .build import (apply_torch_threads, check_compatible, make_model, make_reward_from_cfg, make_vec_env,
                     observation_signature, study_world)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
-                        save_checkpoint)
+                        save_checkpoint, trim_episodes)
 from .validate import validate_config
 
 
@@ -94,6 +94,24 @@ def resumed_config(run_dir: str | Path, changes: dict) -> tuple[dict, dict]:
     return study_world(cfg), entry  # a study run from before a traffic setting goes on in the old world
 
 
+_UNKNOWN_CODE = {"drivemind": None, "commit": None, "dirty": None}
+
+
+def resume_record(run_dir: Path, entry: dict) -> tuple[float, list]:
+    """The wall time and code list of a run's invocations up to the checkpoint ``entry`` it
+    resumes from: stored with the checkpoint since they were recorded there (a run killed by
+    SIGKILL or a lost machine writes no summary, and its time up to the checkpoint still counts;
+    what it did after the checkpoint is driven again and counted then), else from
+    ``summary.json``, else unknown (an earlier invocation without a record)."""
+    if "wall_s_total" in entry:
+        return float(entry["wall_s_total"]), list(entry.get("code") or [_UNKNOWN_CODE])
+    f = Path(run_dir) / "summary.json"
+    if f.exists():
+        old = json.loads(f.read_text())
+        return float(old.get("wall_s_total", old.get("wall_s", 0.0))), list(old.get("code") or [_UNKNOWN_CODE])
+    return 0.0, [_UNKNOWN_CODE]
+
+
 def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     """Train as ``cfg`` says, writing everything into ``run_dir``. With ``resume``, continue the
     run in ``run_dir`` from its latest checkpoint (model, optimiser state and replay buffer) with
@@ -149,17 +167,21 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         wb = _start_wandb(cfg, run_dir, wid)
         stop = StopOnSignal()
         budget = StopAfter(cfg.get("max_minutes"))
-        before = 0.0  # wall time of the earlier invocations of a resumed run (also the curves' x axis)
-        code = [code_version()]  # every invocation's code, oldest first (a resumed run may span commits)
-        if resume and (run_dir / "summary.json").exists():
-            old = json.loads((run_dir / "summary.json").read_text())
-            before = float(old.get("wall_s_total", old.get("wall_s", 0.0)))
-            code = list(old.get("code") or [{"drivemind": None, "commit": None, "dirty": None}]) + code
+        # wall time of the earlier invocations of a resumed run (also the curves' x axis) and every
+        # invocation's code, oldest first (a resumed run may span commits)
+        before, code = resume_record(run_dir, entry) if entry is not None else (0.0, [])
+        code = code + [code_version()]
+        if entry is not None:
+            trim_episodes(run_dir / "logs" / "episodes.csv", int(entry["steps"]))
         metrics = EpisodeMetrics(run_dir / "logs" / "episodes.csv",
                                  window=int(cfg.get("metrics_window", 20)), wall_offset=before)
-        ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
-                             with_buffer=bool(cfg.get("checkpoint_buffer", True)))
         t0 = time.perf_counter()
+
+        def record() -> dict:  # stored with each checkpoint: what the summary would say so far
+            return {"wall_s_total": round(before + time.perf_counter() - t0, 1), "code": code}
+
+        ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
+                             with_buffer=bool(cfg.get("checkpoint_buffer", True)), record=record)
         reason = "failed"
         try:
             model.learn(total_timesteps=max(total - done, 0), callback=[stop, budget, metrics, ck],
@@ -173,8 +195,9 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             raise
         finally:
             stop._on_training_end()  # SB3 skips it when learn raises: restore the signal handlers
-            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)))
             wall = time.perf_counter() - t0
+            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)),
+                                    record={"wall_s_total": round(before + wall, 1), "code": code})
             summary = {
                 "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
                 "wall_s": round(wall, 1), "wall_s_total": round(before + wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
