@@ -199,12 +199,17 @@ def test_report_script_writes_files_and_json(study, tmp_path, capsys):
 
 def test_archive_keeps_what_the_report_needs(study, tmp_path, capsys):
     root, a, b = study
+    a = shutil.copytree(a, tmp_path / "a")
+    # a run resumed after a kill keeps the episodes its killed invocation drove past the checkpoint
+    discarded = a / "0-dm-s0" / "logs" / "episodes.discarded.csv"
+    discarded.write_text("timesteps,wall_s\n151,9.5\n")
     out = tmp_path / "results"
     first = load_script("report").main([str(a), str(b), "--out", str(out), "--archive"])
     runs = sorted(p.name for p in (out / "runs").iterdir())
     assert len(runs) == 9 and "2-chen-s2" in runs
     assert not list((out / "runs").rglob("*.zip")) and not list((out / "runs").rglob("*.pkl"))
     assert (out / "runs" / "0-dm-s0" / "eval" / "Town02-regular" / "metrics.json").is_file()
+    assert (out / "runs" / "0-dm-s0" / "logs" / "episodes.discarded.csv").read_text() == discarded.read_text()
     again = load_script("report").main([str(out / "runs"), "--out", str(tmp_path / "rebuilt")])
     assert again["rows"] == first["rows"] and again["failed"] == first["failed"]
 

@@ -278,12 +278,12 @@ def build_report(runs: list[dict]) -> dict:
 
 
 ARCHIVED = ("config.yaml", "summary.json", "obs_signature.json", "logs/episodes.csv",
-            "eval/*/metrics.json", "eval/*/routes.csv", "eval/*/metrics.md")
+            "logs/episodes.discarded.csv", "eval/*/metrics.json", "eval/*/routes.csv", "eval/*/metrics.md")
 
 
 def archive_runs(runs: list[dict], dest) -> list[Path]:
-    """Copy what a report needs of each run (``ARCHIVED``: config, summary, episodes, evaluation
-    JSON/CSV/markdown; no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run
+    """Copy what a report needs of each run (``ARCHIVED``: config, summary, episodes (and those a
+    killed invocation drove after its last checkpoint, where any), evaluation JSON/CSV/markdown; no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run
     name>`` where two runs share a name), so the report can be rebuilt from ``dest`` alone
     (``docs/results/runs``). An archive grows batch by batch: a folder already in ``dest`` that
     holds the same run (the same config, and an ``episodes.csv`` the run's starts with) is updated
