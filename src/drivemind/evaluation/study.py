@@ -283,8 +283,9 @@ ARCHIVED = ("config.yaml", "summary.json", "obs_signature.json", "logs/episodes.
 
 def archive_runs(runs: list[dict], dest) -> list[Path]:
     """Copy what a report needs of each run (``ARCHIVED``: config, summary, episodes (and those a
-    killed invocation drove after its last checkpoint, where any), evaluation JSON/CSV/markdown; no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run
-    name>`` where two runs share a name), so the report can be rebuilt from ``dest`` alone
+    killed invocation drove after its last checkpoint, where any), evaluation JSON/CSV/markdown;
+    no checkpoints, logs or videos) to ``dest/<run name>/`` (``<parent>-<run name>`` where two
+    runs share a name), so the report can be rebuilt from ``dest`` alone
     (``docs/results/runs``). An archive grows batch by batch: a folder already in ``dest`` that
     holds the same run (the same config, and an ``episodes.csv`` the run's starts with) is updated
     in place (episodes and evaluations added since), and one holding another run is never
