@@ -231,6 +231,7 @@ def test_a_killed_run_resumes_with_its_time_code_and_one_episode_history(tmp_pat
 
     summary = train(config(f"total_timesteps={n + 40}"), run_dir, resume=True)
     assert summary["status"] == "finished" and summary["resumed_from"] == n and summary["steps"] == n + 40
+    assert set(summary["checkpoint"]) == {"steps", "model", "buffer"}  # the record is the summary's own
     assert len(summary["code"]) == 2 and summary["code"][0] == latest["code"][0]
     assert summary["wall_s_total"] == pytest.approx(latest["wall_s_total"] + summary["wall_s"], abs=0.11)
     kept = [r for r in episodes if int(r["timesteps"]) <= n]

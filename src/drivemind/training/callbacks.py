@@ -148,7 +148,9 @@ def trim_episodes(csv_path: Path, steps: int) -> int:
     with open(csv_path, newline="") as f:
         reader = csv.DictReader(f)
         fields, rows = reader.fieldnames, list(reader)
-    late = [r for r in rows if int(float(r["timesteps"])) > steps]
+    kept, late = [], []
+    for r in rows:
+        (late if int(float(r["timesteps"])) > steps else kept).append(r)
     if not late:
         return 0
     out = csv_path.with_name(csv_path.stem + ".discarded.csv")
@@ -162,7 +164,7 @@ def trim_episodes(csv_path: Path, steps: int) -> int:
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
-        w.writerows(r for r in rows if int(float(r["timesteps"])) <= steps)
+        w.writerows(kept)
     os.replace(tmp, csv_path)
     return len(late)
 

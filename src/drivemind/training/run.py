@@ -177,8 +177,9 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
                                  window=int(cfg.get("metrics_window", 20)), wall_offset=before)
         t0 = time.perf_counter()
 
-        def record() -> dict:  # stored with each checkpoint: what the summary would say so far
-            return {"wall_s_total": round(before + time.perf_counter() - t0, 1), "code": code}
+        def record(wall: float | None = None) -> dict:  # stored with each checkpoint: the summary's so far
+            wall = time.perf_counter() - t0 if wall is None else wall
+            return {"wall_s_total": round(before + wall, 1), "code": code}
 
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
                              with_buffer=bool(cfg.get("checkpoint_buffer", True)), record=record)
@@ -196,12 +197,13 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
         finally:
             stop._on_training_end()  # SB3 skips it when learn raises: restore the signal handlers
             wall = time.perf_counter() - t0
-            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)),
-                                    record={"wall_s_total": round(before + wall, 1), "code": code})
+            rec = record(wall)
+            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)), record=rec)
             summary = {
                 "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
-                "wall_s": round(wall, 1), "wall_s_total": round(before + wall, 1), "algo": algo, "reward": cfg["reward"]["name"],
-                "checkpoint": entry, "resumed_from": done if resume else None, "code": code,
+                "wall_s": round(wall, 1), "wall_s_total": rec["wall_s_total"], "algo": algo, "reward": cfg["reward"]["name"],
+                "checkpoint": {k: v for k, v in entry.items() if k not in rec},  # its files; rec is above
+                "resumed_from": done if resume else None, "code": code,
                 "nonfinite_rewards": int(getattr(getattr(model, "replay_buffer", None),
                                                  "nonfinite_rewards",
                                                  getattr(model, "nonfinite_rewards", 0)) or 0),
