@@ -38,11 +38,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--results-md", default=None, metavar="PAGE",
                     help="also rewrite the marked tables of PAGE (docs/results.md) from this report: "
                          "blocks between <!-- report:NAME --> and <!-- /report:NAME -->, NAME in "
-                         "table1, table2, ppo, heldout, guidance (drivemind.evaluation.results_md)")
+                         "table1, table2, ppo, heldout, guidance, contrasts (drivemind.evaluation.results_md)")
     ap.add_argument("--todo", action="store_true",
                     help="also list what the study (experiment=study_*) still lacks: seeds to train per "
                          "table and method, with the command and the method's mean wall time so far, "
                          "and evaluations not on disk yet (in the JSON as 'todo')")
+    ap.add_argument("--contrast", nargs=2, action="append", metavar=("A", "B"), default=[],
+                    help="also print A - B for two methods (labels as the report names them, e.g. "
+                         "drivemind-sac vlm_rl-sac) on every evaluation: SR, CR and AS with 95%% "
+                         "bootstrap intervals over seeds and routes (drivemind.evaluation.contrasts); "
+                         "repeatable; in the JSON as 'contrasts' and in <out>/contrasts.csv")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     args = ap.parse_args(argv)
     from drivemind.training.cli import run_cli
@@ -88,6 +93,8 @@ def _main(args) -> dict:
                       f"{it['eval']}: {it['command']}", flush=True)
         if not summary["todo"]:
             print("[drivemind] todo: nothing, every table is complete", flush=True)
+    if args.contrast:
+        summary["contrasts"] = contrasts(report, args.contrast, Path(args.out) / "contrasts.csv")
     print(f"[drivemind] {summary['runs']} runs, {len(summary['methods'])} methods "
           f"(seeds per method >= {summary['seeds_min']}); evaluations: "
           f"{', '.join(summary['evals']) or 'none'}; wrote {Path(args.out) / 'report.md'}", flush=True)
@@ -96,6 +103,38 @@ def _main(args) -> dict:
     if args.json:
         print(json.dumps(summary))
     return summary
+
+
+def contrasts(report: dict, pairs, path: Path) -> list[dict]:
+    """``--contrast``: every pair's contrasts, printed one line each and written to ``path``."""
+    import csv
+
+    from drivemind.evaluation.contrasts import method_contrasts
+    from drivemind.evaluation.report import METRIC_COLUMNS
+
+    rows = [c for a, b in pairs for c in method_contrasts(report, a, b)]
+
+    def iv(side, key):
+        f = METRIC_COLUMNS[key][1]
+        return "pending" if not side else f"{f.format(side['mean'])} [{f.format(side['lo'])}, {f.format(side['hi'])}]"
+
+    fields = ["a_label", "b_label", "evals", "key", "n_a", "n_b", "a_mean", "a_lo", "a_hi", "b_mean", "b_lo",
+              "b_hi", "diff_mean", "diff_lo", "diff_hi", "p_greater"]
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for c in rows:
+            flat = {"a_label": c["a_label"], "b_label": c["b_label"], "evals": " ".join(c["evals"]), "key": c["key"],
+                    "n_a": c["n_a"], "n_b": c["n_b"], "p_greater": c["p_greater"]}
+            for side in ("a", "b", "diff"):
+                for part in ("mean", "lo", "hi"):
+                    flat[f"{side}_{part}"] = c[side][part] if c[side] else None
+            w.writerow(flat)
+            print(f"[drivemind] contrast {c['a_label']} - {c['b_label']}, {c['key']}, {' '.join(c['evals'])}: "
+                  f"A {iv(c['a'], c['key'])} ({c['n_a']} seeds), B {iv(c['b'], c['key'])} ({c['n_b']} seeds), "
+                  f"A - B {iv(c['diff'], c['key'])}"
+                  + (f", P(A > B) {c['p_greater']:.2f}" if c["p_greater"] is not None else ""), flush=True)
+    return rows
 
 
 def study_spec() -> dict:

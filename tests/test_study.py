@@ -467,6 +467,40 @@ def test_results_page_tables_are_filled_from_the_report_and_nothing_else_changes
     assert page.read_text() == "no markers here\n"
 
 
+def test_results_page_states_each_claim_as_a_difference_with_an_interval(study, tmp_path, capsys):
+    """The ``contrasts`` block: each paper ordering as A - B with a bootstrap interval on the
+    training town (pooled held-out towns pending where the runs lack them); ``--contrast`` gives
+    the same for any two methods of a report, one line each and a CSV."""
+    from drivemind.evaluation.results_md import BLOCKS
+
+    root, a, b = study
+    page = tmp_path / "results.md"
+    page.write_text("\n".join(f"<!-- report:{n} -->\n<!-- /report:{n} -->" for n in BLOCKS) + "\n")
+    out = load_script("report").main([str(a), str(b), "--out", str(tmp_path / "rep"), "--results-md", str(page),
+                                      "--contrast", "drivemind-noaicr-sac", "drivemind-sac"])
+    lines = page.read_text().splitlines()
+    cr = next(x for x in lines if x.startswith("| without AICR it collides more | CR | Town02 regular |"))
+    cells = [c.strip() for c in cr.strip("|").split("|")]
+    # NoAICR collides on 3, 4, 5 of 10 routes (0.40), the full reward on 0, 1, 2 (0.10)
+    assert cells[3].startswith("drivemind NoAICR: 0.40 [") and cells[4].startswith("drivemind: 0.10 [")
+    lo, hi = (float(x) for x in cells[5].split("[")[1].rstrip("]").split(","))
+    assert cells[5].startswith("0.30 [") and 0 < lo < 0.3 < hi
+    assert float(cells[6]) > 0.95 and cells[7] == "3 / 3" and cells[8] == "-"  # no published CR
+    held = next(x for x in lines if x.startswith("| without AICR it collides more | CR | held out (pooled) |"))
+    assert "pending" in held  # the fixture's runs lack Town01/03/05 regular
+    sr = next(x for x in lines if x.startswith("| DriveMind ≥ VLM-RL | SR | Town02 regular |"))
+    assert "vlm_rl: pending" in sr and sr.rstrip().endswith("| 0.04 |")  # 0.97 - 0.93, DriveMind Table 1
+    [c] = [c for c in out["contrasts"] if c["key"] == "CR" and c["evals"] == ["Town02-regular"]]
+    assert c["diff"]["mean"] == pytest.approx(0.3) and c["n_a"] == c["n_b"] == 3
+    assert "contrast drivemind-noaicr-sac - drivemind-sac, CR, Town02-regular: A 0.40" in capsys.readouterr().out
+    assert (tmp_path / "rep" / "contrasts.csv").read_text().startswith("a_label,b_label,evals,key")
+    with pytest.raises(SystemExit) as ex:
+        load_script("report").main([str(a), "--out", str(tmp_path / "rep2"), "--contrast", "nope", "drivemind-sac"])
+    assert ex.value.code == 2
+    assert "error: no method 'nope' in this report; its methods: drivemind-noaicr-sac, drivemind-sac" \
+        in capsys.readouterr().err
+
+
 def test_report_shows_the_code_each_run_was_trained_at(study, tmp_path):
     from drivemind.evaluation.study import code_label, load_run
 

@@ -10,7 +10,10 @@ rest of the page (protocol, commands, findings) is left as it is. Blocks:
 - ``table2``: ``drivemind`` with ``reward.ablate=none|aicr|hvfr|pcfm`` (DriveMind Table 2 beside);
 - ``ppo``: every reward of ``experiment=study_ppo`` with PPO;
 - ``heldout``: SR of every Table 1 method on every town x density the study evaluates;
-- ``guidance``: ``found_rl_clip`` with SAC, ``algo.guidance=none`` (Table 1's row) and ``both``.
+- ``guidance``: ``found_rl_clip`` with SAC, ``algo.guidance=none`` (Table 1's row) and ``both``;
+- ``contrasts``: the papers' orderings as differences between two methods (``CONTRASTS``), each
+  with a 95 % hierarchical bootstrap interval over seeds and routes
+  (:mod:`drivemind.evaluation.contrasts`), on the training town and pooled over the held-out towns.
 
 A method is picked by reward, ablation and algorithm, and, for every other key that splits the
 report's methods (``algo.guidance``, ``algo.batch_size``, ...), by the protocol's value of that
@@ -23,13 +26,24 @@ from __future__ import annotations
 
 import re
 
+from .contrasts import contrast
 from .published import DM_T1, DM_T2, published_for
 from .report import METRIC_COLUMNS, _table
 
-BLOCKS = ("table1", "table2", "ppo", "heldout", "guidance")
+BLOCKS = ("table1", "table2", "ppo", "heldout", "guidance", "contrasts")
 ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
              ("hvfr", "NoHVFR (`hvfr`)"), ("pcfm", "NoPCFM (`pcfm`)"))
 _MISSING = object()
+# The papers' orderings (issue 16's "say what holds") as contrasts A - B of SAC runs: (claim, A,
+# B, metrics); a side is (reward, reward.ablate). B None: A's own interval (a claim about one method).
+CONTRASTS = (
+    ("DriveMind ≥ VLM-RL", ("drivemind", None), ("vlm_rl", None), ("SR", "CR")),
+    ("without HVFR DriveMind collapses", ("drivemind", "hvfr"), ("drivemind", None), ("SR", "AS")),
+    ("without AICR it collides more", ("drivemind", "aicr"), ("drivemind", None), ("CR", "CS", "SR")),
+    ("without PCFM it is slightly worse", ("drivemind", "pcfm"), ("drivemind", None), ("SR", "CR")),
+    ("VLM-RL reaches a high success rate", ("vlm_rl", None), None, ("SR",)),
+    ("Chen drives fast and collides", ("chen", None), None, ("AS", "CR")),
+)
 
 
 def _marker(name: str) -> tuple[str, str]:
@@ -133,7 +147,76 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
                  overrides={"algo.guidance": g})
         body.append([label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6)])
     out["guidance"] = _table(["found_rl_clip, SAC", "seeds", *head6], body)
+    out["contrasts"] = contrast_table(report, t1)
     return {k: "\n".join(v) for k, v in out.items()}
+
+
+def _side(report: dict, protocol: dict, side, town: str, density: str) -> tuple[str, list[dict]]:
+    reward, ablate = side
+    row = pick(report["rows"], protocol, reward=reward, ablate=ablate, algo="sac", town=town, density=density)
+    label = reward + (f" No{ablate.upper()}" if ablate else "")
+    if row is None:
+        return label, []
+    return label, next(m["ok"] for m in report["methods"] if m["label"] == row["method"])
+
+
+def _interval(side: dict | None, key: str, n: int) -> str:
+    if not side:
+        return "pending"
+    fmt = METRIC_COLUMNS[key][1]
+    return f"{fmt.format(side['mean'])} [{fmt.format(side['lo'])}, {fmt.format(side['hi'])}]" + \
+        ("" if n > 1 else " (1 seed)")
+
+
+def _published(side, key: str, town: str, density: str, source: str) -> float | None:
+    entries = [e for e in published_for(side[0], side[1], "sac", town, density) if e["source"] == source]
+    return entries[0]["metrics"][key][0] if entries and key in entries[0]["metrics"] else None
+
+
+def contrast_rows(report: dict, spec: dict) -> list[dict]:
+    """Every contrast of ``CONTRASTS`` on the training town and pooled over the other
+    evaluations of ``spec`` (``render_blocks``'s ``table1``), as
+    :func:`drivemind.evaluation.contrasts.contrast` dicts plus ``claim``, ``a_label``,
+    ``b_label``, ``where`` and ``paper`` (the published A, or A - B, on the training town from
+    DriveMind's Table 1, or Table 2 for an ablation; None where it has none)."""
+    town, density = spec["train"]
+    held = [e for e in spec["evals"] if tuple(e) != (town, density)]
+    out = []
+    for claim, a, b, keys in CONTRASTS:
+        a_label, a_runs = _side(report, spec["protocol"], a, town, density)
+        b_label, b_runs = _side(report, spec["protocol"], b, town, density) if b else (None, None)
+        source = DM_T2 if any(side and side[1] for side in (a, b)) else DM_T1
+        for key in keys:
+            pa = _published(a, key, town, density, source)
+            pb = _published(b, key, town, density, source) if b else 0.0
+            paper = pa - pb if pa is not None and pb is not None else None
+            for where, evals in ((f"{town} {density}", [(town, density)]), ("held out (pooled)", held)):
+                c = contrast(a_runs, b_runs, key, evals)
+                out.append({**c, "claim": claim, "a_label": a_label, "b_label": b_label, "where": where,
+                            "paper": paper if len(evals) == 1 else None})
+    return out
+
+
+def contrast_table(report: dict, spec: dict) -> list[str]:
+    body = []
+    for c in contrast_rows(report, spec):
+        key = c["key"]
+        fmt = METRIC_COLUMNS[key][1]
+        if c["b_label"] is None:
+            diff, p = "-", "-"
+        elif c["diff"] is None:
+            diff, p = "pending", "-"
+        else:
+            d = c["diff"]
+            diff = f"{fmt.format(d['mean'])} [{fmt.format(d['lo'])}, {fmt.format(d['hi'])}]"
+            p = f"{c['p_greater']:.2f}"
+        paper = "-" if c["paper"] is None else f"{c['paper']:.3g}"
+        body.append([c["claim"], METRIC_COLUMNS[key][0], c["where"],
+                     f"{c['a_label']}: {_interval(c['a'], key, c['n_a'])}",
+                     "-" if c["b_label"] is None else f"{c['b_label']}: {_interval(c['b'], key, c['n_b'])}",
+                     diff, p, f"{c['n_a']}" + ("" if c["b_label"] is None else f" / {c['n_b']}"), paper])
+    return _table(["claim", "metric", "where", "A [95 % interval]", "B [95 % interval]",
+                   "A - B [95 % interval]", "P(A > B)", "seeds A / B", "paper: A - B (or A)"], body)
 
 
 def _seed_list(seeds) -> str:

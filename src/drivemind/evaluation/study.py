@@ -96,7 +96,9 @@ def load_run(run_dir) -> dict:
     """One run: ``path``, ``name``, ``config`` (dict), ``flat`` (dotted keys), ``seed``,
     ``summary`` (or None), ``status``, ``ok`` (a summary that is neither ``failed`` nor stopped
     by a signal short of its budget: such a run is ``incomplete`` until resumed), ``steps``,
-    ``evals`` ``{(town, density): metrics}`` and ``episodes`` (path of episodes.csv or None)."""
+    ``evals`` ``{(town, density): metrics}``, ``routes`` ``{(town, density): [route dicts]}`` (the
+    evaluation's per-route records, for :mod:`drivemind.evaluation.contrasts`) and ``episodes``
+    (path of episodes.csv or None)."""
     d = Path(run_dir)
     cfg = yaml.safe_load((d / "config.yaml").read_text()) or {}
     summary = None
@@ -106,13 +108,14 @@ def load_run(run_dir) -> dict:
     if status.startswith("stopped by"):  # Ctrl-C / a signal cut it short of its step budget
         status = (f"incomplete ({status} at {summary.get('steps')} of {summary.get('total_timesteps')} "
                   f"env steps; continue it with scripts/train.py resume=<run dir>)")
-    evals = {}
+    evals, routes = {}, {}
     for f in sorted((d / "eval").glob("*/metrics.json")):
         doc = json.loads(f.read_text())
         m = dict(doc.get("metrics") or {})
         if "DCF" in m and m["DCF"] is None:  # written as null: inf (collisions over no distance)
             m["DCF"] = math.inf
-        evals[_eval_key(f.parent, doc.get("meta") or {})] = m
+        key = _eval_key(f.parent, doc.get("meta") or {})
+        evals[key], routes[key] = m, list(doc.get("routes") or [])
     ep = d / "logs" / "episodes.csv"
     # ``flat`` is the world the run trained in: a study run saved before a traffic setting existed
     # gets its old value (training.build.study_world), so it is grouped with the runs that pin it
@@ -124,7 +127,7 @@ def load_run(run_dir) -> dict:
             "steps": (summary or {}).get("steps"), "wall_s": (summary or {}).get("wall_s_total"),
             "code": code_label((summary or {}).get("code")),
             "machine": machines_label((summary or {}).get("code")),
-            "evals": evals, "episodes": ep if ep.is_file() else None}
+            "evals": evals, "routes": routes, "episodes": ep if ep.is_file() else None}
 
 
 def _runs_of(labels) -> str:
