@@ -9,7 +9,8 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      npc_collisions (new contacts among background actors), actor counts, and how freely
      traffic flowed (mean NPC speed, share of NPCs stopped at the end, npc_max_stuck_s: the
      longest standing time of a vehicle not at a red light, npc_respawns: vehicles moved by the
-     last-resort respawn after traffic.stuck_respawn seconds, npc_wait_cycles: waits-for cycles
+     last-resort respawn after traffic.stuck_respawn seconds, npc_exits: vehicles that reached a
+     dead end (an open road end) and were put back at a spawn point, npc_wait_cycles: waits-for cycles
      (deadlocks) found and broken, npc_overtakes / npc_overtake_aborts: overtakes in the oncoming
      lane started / given up). --traffic KEY=VALUE (repeatable) sets a sim.traffic setting
      (src/drivemind/sim/config.py: TrafficParams), e.g. --traffic junction_release=connector for
@@ -286,6 +287,8 @@ class TrafficBreakdown:
 
 def bench_sim(args) -> dict:
     from drivemind.maps import load_town
+    from drivemind.maps.routing import RouteError, random_route
+    from drivemind.sim.tables import linked_roadmap
     from drivemind.sim import SimConfig, density_config
     from drivemind.sim.autopilot import autopilot_episode
 
@@ -304,7 +307,7 @@ def bench_sim(args) -> dict:
     breakdown = TrafficBreakdown(world) if getattr(args, "breakdown", False) else None
     t_world = c_world = 0.0
     npc_speed = 0.0
-    ego_collisions = routes = 0
+    ego_collisions = routes = ego_restarts = 0
     t_all = time.perf_counter()
     for _ in range(steps):
         action = pilot.act(snap)
@@ -318,7 +321,12 @@ def bench_sim(args) -> dict:
             breakdown.add()
         if pilot.done:
             routes += 1
-            pilot.new_route_from(rng, snap.ego.x, snap.ego.y)
+            try:
+                pilot.new_route_from(rng, snap.ego.x, snap.ego.y)
+            except RouteError:  # an open road end: the ego starts its next route elsewhere
+                pilot.set_route(random_route(linked_roadmap(rm), rng))
+                world.place_ego(pilot.route.start)
+                ego_restarts += 1
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,
@@ -332,10 +340,11 @@ def bench_sim(args) -> dict:
         "npc_mean_speed_kmh": round(3.6 * npc_speed / steps, 2),
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
+        "npc_exits": world.npc_exits,
         "npc_wait_cycles": world.npc_wait_cycles,
         "npc_overtakes": world.npc_overtakes, "npc_overtake_aborts": world.npc_overtake_aborts,
         **({"breakdown": breakdown.result()} if breakdown is not None else {}),
-        "ego_routes_completed": routes, "ego_collisions": ego_collisions,
+        "ego_routes_completed": routes, "ego_collisions": ego_collisions, "ego_restarts": ego_restarts,
         "one_core": pinned, **machine(),
     }
 

@@ -22,7 +22,7 @@ from gymnasium import spaces
 from ..bev import BevConfig, BevRenderer
 from ..facts import FACT_KEYS  # noqa: F401  (the per-step facts in ``info``; re-exported)
 from ..maps import load_town
-from ..maps.routing import nearest_spawn, random_route
+from ..maps.routing import RouteError, nearest_spawn, random_route
 from ..privileged import CriticalFacts
 from ..sim.config import DENSITIES, SimConfig, check_options, density_config
 from ..sim.snapshot import ActorClass, LightState, WorldSnapshot
@@ -35,7 +35,7 @@ BACKENDS = ("lite", "carla")
 MODES = ("train", "eval")
 
 TERMINATIONS = ("collision", "off_route", "stuck", "red_light", "arrived")
-TRUNCATIONS = ("distance", "max_steps", "server_lost")
+TRUNCATIONS = ("distance", "max_steps", "server_lost", "no_route")
 
 
 @dataclass(frozen=True)
@@ -317,7 +317,10 @@ class DriveEnv(gym.Env):
             elif c.max_episode_steps is not None and self.steps >= c.max_episode_steps:
                 truncation = "max_steps"
         if arrived and self.mode == "train" and not truncation:
-            self._new_route(snap)
+            try:
+                self._new_route(snap)
+            except RouteError:  # an open road end: nothing to drive on to from here
+                truncation = "no_route"
         reward = c.progress_weight * progress
         if termination and termination != "arrived":
             reward += c.terminal_penalty

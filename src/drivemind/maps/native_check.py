@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 ENV_SWITCH = "DRIVEMIND_MAP_CHECK"
 ENV_TIMEOUT = "DRIVEMIND_MAP_CHECK_TIMEOUT"
-CHECK_VERSION = 1  # bump when the child's work changes (old verdicts are then ignored)
+CHECK_VERSION = 2  # bump when the child's work changes (old verdicts are then ignored)
 OK_MARK = "drivemind-map-check: ok"
 # the package root (…/src) for the child's sys.path, so it imports this very drivemind
 _SRC = str(Path(__file__).resolve().parents[2])

@@ -65,7 +65,9 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
 
     ``native_check``: parse in a child process first (:func:`drivemind.maps.native_check.check_text`)
     so a file that crashes the native parser gives a MapError instead of killing this process.
-    ``validate``: warn (:class:`drivemind.maps.validate.MapWarning`) about network defects."""
+    ``validate``: warn (:class:`drivemind.maps.validate.MapWarning`) about network defects.
+    Successor links that start far from their lane's end are dropped either way
+    (:func:`drivemind.maps.validate.drop_broken_successors`)."""
     source = source or f"<OpenDRIVE text for {name}>"
     _check_opendrive_text(text, source)
     if native_check:
@@ -75,10 +77,11 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     cmap = parse_carla_map(text, name, source)
     sample = build_kw.pop("sample", 0.5)
     records, landmarks, short = carla_lane_records(cmap, name=name, source=source, sample=sample)
-    if validate:
-        from .validate import warn_issues
+    from .validate import drop_broken_successors, warn_issues
 
-        warn_issues(records, text, f"{name} ({source})", short=short)
+    dropped = drop_broken_successors(records)
+    if validate:
+        warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 
@@ -161,6 +164,23 @@ def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5
         starts.setdefault(key(b), b)
         succ.setdefault(key(b), [])
     driving = carla.LaneType.Driving
+    # a driving lane with no way on at its end (an open road end) is missing from get_topology():
+    # find such lanes among the map's waypoints and read them from their start (none is missing
+    # in the shipped towns, so their lanes are as before)
+    for w in cmap.generate_waypoints(2.0):
+        k = key(w)
+        if k in starts or w.lane_type != driving:
+            continue
+        # back to the lane's start (previous_until_lane_start dies with SIGSEGV on such a lane in
+        # carla 0.9.16; previous() does not), at most 50 km
+        first = w
+        for _ in range(int(50000 / sample)):
+            back = [b for b in first.previous(sample) if key(b) == k and b.s != first.s]
+            if not back:
+                break
+            first = back[0]
+        starts[k] = first
+        succ[k] = []
     records = []
     short: dict[tuple, float] = {}  # lanes shorter than `sample` -> distance to their successor
     short_start: dict[tuple, np.ndarray] = {}

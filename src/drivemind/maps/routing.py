@@ -176,11 +176,48 @@ def nearest_spawn(rm: RoadMap, x: float, y: float) -> int:
     return int(np.argmin(np.hypot(rm.spawn[:, 0] - x, rm.spawn[:, 1] - y)))
 
 
+def reachable_lanes(rm: RoadMap, lane: int) -> frozenset:
+    """Lanes a route can reach from anywhere on ``lane`` (after driving off it), on
+    :func:`plan_route`'s edges: successors, and lane changes to a neighbour of the same direction
+    outside junctions. Cached on ``rm`` per lane."""
+    cache = rm.__dict__.setdefault("_reachable", {})
+    hit = cache.get(lane)
+    if hit is None:
+        seen, todo = set(), [int(lane)]
+        while todo:
+            cur = todo.pop()
+            nxt = [int(n) for n in rm.successors(cur)]
+            for nb, same in ((rm.left[cur], rm.left_same_dir[cur]), (rm.right[cur], rm.right_same_dir[cur])):
+                if nb >= 0 and same and rm.junction[cur] < 0:
+                    nxt.append(int(nb))
+            for n in nxt:
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        hit = cache[lane] = frozenset(seen)
+    return hit
+
+
+def _reachable_spawns(rm: RoadMap, a: int) -> np.ndarray:
+    """Spawn points a route from spawn point ``a`` can reach (ahead on its lane, or on a lane
+    reachable from it), ``a`` excluded."""
+    la, sa = int(rm.spawn_lane[a]), float(rm.spawn_s[a])
+    lanes = reachable_lanes(rm, la)
+    ok = np.isin(rm.spawn_lane, np.fromiter(lanes, np.int64, len(lanes))) | (
+        (rm.spawn_lane == la) & (rm.spawn_s >= sa))
+    ok[a] = False
+    return np.flatnonzero(ok)
+
+
 def random_route(rm: RoadMap, rng: np.random.Generator, *, max_length: float = 3000.0,
                  min_length: float = 50.0, max_tries: int = 200, start: int | None = None) -> Route:
     """A* route between two distinct random spawn points, resampled while over ``max_length``.
 
     ``start`` fixes the start spawn index (the next route of an episode starts where the last ended).
+    On a network where not every spawn point can reach every other (open road ends, one-way
+    stubs), a goal drawn out of the start's reach is drawn again among the points it can reach
+    (on a network where every point reaches every other, nothing changes: the same draws give the
+    same routes).
     """
     n = len(rm.spawn)
     if n < 2:
@@ -191,6 +228,13 @@ def random_route(rm: RoadMap, rng: np.random.Generator, *, max_length: float = 3
         b = int(rng.integers(n))
         if a == b:
             continue
+        reach = _reachable_spawns(rm, a)
+        if not np.isin(b, reach):
+            if not len(reach):
+                last_err = RouteError(f"no spawn point is reachable from spawn point {a} (lane "
+                                      f"{int(rm.spawn_lane[a])}, s={float(rm.spawn_s[a]):.1f})")
+                continue
+            b = int(reach[rng.integers(len(reach))])
         try:
             r = plan_route(rm, (rm.spawn_lane[a], rm.spawn_s[a]), (rm.spawn_lane[b], rm.spawn_s[b]))
         except RouteError as exc:

@@ -14,7 +14,8 @@ import xml.etree.ElementTree as ET
 import numpy as np
 
 ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
-FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start
+FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start: warned
+BROKEN_SUCCESSOR = 2.5  # m: a link this far is dropped (a vehicle or route following it would jump)
 MAX_NAMED = 8  # ids named per warning, then "and N more"
 
 
@@ -37,15 +38,47 @@ def _length(points) -> float:
     return float(np.hypot(*np.diff(p, axis=0).T).sum()) if len(p) >= 2 else 0.0
 
 
-def find_issues(records, text: str | None = None, short: dict | None = None) -> dict[str, list[str]]:
+def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[str]:
+    """Remove from ``records`` every successor link whose lane starts more than ``max_gap`` m from
+    the end of the lane that links to it, and describe each one removed.
+
+    The native parser gives such links for roads that end open (it links the lane to itself, the
+    whole road's length away: a straight highway's lanes "continue" at their own start) and for
+    some junction exports. Traffic following one jumps (and lands on whatever stands there),
+    and a route through one is not drivable; without it the lane is a dead end (the traffic's
+    vehicles leave the network there, ``drivemind.sim.world``) or continues geometrically
+    (``drivemind.sim.tables.traffic_successors``)."""
+    ends = {r.key: np.asarray(r.points, float).reshape(-1, 2) for r in records}
+    dropped = []
+    for r in records:
+        if r.key not in ends or len(ends[r.key]) == 0:
+            continue
+        keep = []
+        for s in r.successors:
+            if s in ends and len(ends[s]):
+                gap = float(np.hypot(*(ends[s][0] - ends[r.key][-1])))
+                if gap > max_gap:
+                    dropped.append(f"{_lane(r.key)} -> {_lane(s)} ({gap:.1f} m)")
+                    continue
+            keep.append(s)
+        r.successors = keep
+    return dropped
+
+
+def find_issues(records, text: str | None = None, short: dict | None = None,
+                dropped: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
-    successors", "successors that start away from the lane's end" (over 1 m) and "junctions without
-    connecting lanes" (only kinds with findings).
+    successors", "successors that start away from the lane's end" (over 1 m), "successor links
+    dropped" (``dropped``, from :func:`drop_broken_successors`) and "junctions without connecting
+    lanes" (only kinds with findings).
 
     ``records``: the loader's lane records; ``short``: lanes it spliced out for being shorter than
     one sample step, with their length (``{key: metres}``); ``text``: the OpenDRIVE XML."""
     issues: dict[str, list[str]] = {}
+    if dropped:
+        issues[f"successor links dropped, each starting over {BROKEN_SUCCESSOR} m from the lane's end "
+               f"(traffic and routes would jump there)"] = list(dropped)
     short = short or {}
     zero = [r.key for r in records if _length(r.points) < ZERO_LENGTH]
     zero += [k for k, length in short.items() if length < ZERO_LENGTH]
@@ -128,9 +161,10 @@ def _has_driving(root, connections) -> bool:
     return False
 
 
-def warn_issues(records, text: str | None, where: str, short: dict | None = None) -> dict[str, list[str]]:
+def warn_issues(records, text: str | None, where: str, short: dict | None = None,
+                dropped: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
-    issues = find_issues(records, text, short)
+    issues = find_issues(records, text, short, dropped)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)

@@ -103,6 +103,10 @@ class LiteWorld:
         self._multilane = bool(np.any((roadmap.left >= 0) & roadmap.left_same_dir)
                                or np.any((roadmap.right >= 0) & roadmap.right_same_dir))
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
+        # lanes with no way on (open road ends): a vehicle reaching the end of one leaves the
+        # network and is put back at a spawn point (SUMO's vehicles leave at the fringe)
+        self._dead_end = (self.succ < 0).all(axis=1)
+        self._has_dead_ends = bool(self._dead_end.any())
         self._overtake = tp.overtake == "oncoming"
         if self._overtake:
             # the lanes leading into each lane (on the same links), and where the line on each side
@@ -128,6 +132,7 @@ class LiteWorld:
         self._static_contact = False
         self.npc_collision_total = 0
         self.npc_respawns = 0  # vehicles moved by the last-resort respawn
+        self.npc_exits = 0  # vehicles that reached a dead end and were put back at a spawn point
         self.npc_wait_cycles = 0  # waits-for cycles (deadlocks) found and broken
         self.npc_max_stuck_s = 0.0  # longest standing time of a vehicle not at a red light
         self.npc_overtakes = 0  # overtakes in the oncoming lane started (traffic.overtake)
@@ -177,12 +182,24 @@ class LiteWorld:
         self._static_contact = False
         self.npc_collision_total = 0
         self.npc_respawns = 0
+        self.npc_exits = 0
         self.npc_wait_cycles = 0
         self.npc_max_stuck_s = 0.0
         self.npc_overtakes = self.npc_overtake_aborts = 0
         self._fixed_actor_arrays()
         self._actors = self._actor_arrays()
         return self._snapshot([], 0)
+
+    def place_ego(self, pose) -> None:
+        """Move the ego to ``pose`` (x, y, yaw) at rest, leaving the traffic as it is: for a driver
+        whose route ended where the network offers no route on (an open road end), which starts
+        its next route elsewhere (``bench.py sim``)."""
+        x, y, yaw = (float(v) for v in pose)
+        if not all(math.isfinite(v) for v in (x, y, yaw)):
+            raise ValueError(f"ego pose must be finite, got {pose}")
+        self.ego.update(x=x, y=y, yaw=yaw, v=0.0, yaw_rate=0.0, accel=0.0, steer=0.0, throttle=0.0, brake=0.0)
+        self._ego_contacts = set()
+        self._static_contact = False
 
     def _spawn_vehicles(self):
         rm, rng, cfg = self.map, self.rng, self.cfg
@@ -264,26 +281,43 @@ class LiteWorld:
         if limit is None or not len(self.v_stuck):
             return
         for i in np.flatnonzero(self.v_stuck > limit):
-            rm, gap = self.map, self.cfg.traffic.spawn_gap
-            far = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"]) > 40.0
-            d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
-                         rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
-            free = np.flatnonzero(far & (d >= gap))
-            if not len(free):
-                continue  # nowhere to go now; try again next step
-            k = int(free[self.rng.integers(len(free))])
             old = (self.map.keys[int(self.v_lane[i])], round(float(self.v_s[i]), 1))
-            self.v_lane[i], self.v_s[i] = int(rm.spawn_lane[k]), float(rm.spawn_s[k])
-            self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
-            self.v_grant[i], self.v_entered[i] = -1, False
-            self.v_lat[i], self.v_lcfrom[i], self.v_lctimer[i] = 0.0, -1, 0.0
-            self.v_otk[i], self.v_otk_of[i], self.v_otk_lane[i] = K.OTK_OFF, -1, -1
-            self._fill_path(i)
-            x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
-            self.v_xy[i], self.v_yaw[i] = (x, y), h
-            self.npc_respawns += 1
-            log.info("t=%.1f s: vehicle %d stood %.0f s at lane %s s=%s; respawned at spawn point %d",
-                     self.time, int(self.v_id[i]), limit, old[0], old[1], k)
+            k = self._respawn(int(i))
+            if k is not None:
+                self.npc_respawns += 1
+                log.info("t=%.1f s: vehicle %d stood %.0f s at lane %s s=%s; respawned at spawn point %d",
+                         self.time, int(self.v_id[i]), limit, old[0], old[1], k)
+
+    def _exit_dead_ends(self) -> None:
+        """Vehicles at the end of a lane with no way on leave the network: each is put back at a
+        free spawn point away from the ego, counted in ``npc_exits`` (a vehicle that finds no
+        free point stays and tries again next step)."""
+        lane = self.v_lane
+        at_end = self._dead_end[lane] & (self.v_s >= self.map.length[lane] - 0.05)
+        for i in np.flatnonzero(at_end):
+            if self._respawn(int(i)) is not None:
+                self.npc_exits += 1
+
+    def _respawn(self, i: int) -> int | None:
+        """Move vehicle ``i`` to a free spawn point (over 40 m from the ego, ``spawn_gap`` from
+        every vehicle) at rest with a new path; returns the spawn point, None if none is free."""
+        rm, gap = self.map, self.cfg.traffic.spawn_gap
+        far = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"]) > 40.0
+        d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
+                     rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
+        free = np.flatnonzero(far & (d >= gap))
+        if not len(free):
+            return None  # nowhere to go now; try again next step
+        k = int(free[self.rng.integers(len(free))])
+        self.v_lane[i], self.v_s[i] = int(rm.spawn_lane[k]), float(rm.spawn_s[k])
+        self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
+        self.v_grant[i], self.v_entered[i] = -1, False
+        self.v_lat[i], self.v_lcfrom[i], self.v_lctimer[i] = 0.0, -1, 0.0
+        self.v_otk[i], self.v_otk_of[i], self.v_otk_lane[i] = K.OTK_OFF, -1, -1
+        self._fill_path(i)
+        x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
+        self.v_xy[i], self.v_yaw[i] = (x, y), h
+        return k
 
     def _break_wait_cycles(self, min_stand: float) -> int:
         """Find the cycles of the waits-for graph (every member standing at least ``min_stand``
@@ -499,6 +533,8 @@ class LiteWorld:
                 self._break_wait_cycles(tp.wait_cycle_after)
             if tp.stuck_respawn is not None and m > tp.stuck_respawn:
                 self._respawn_stuck()
+            if self._has_dead_ends:
+                self._exit_dead_ends()
         if len(self.w_xy):
             veh_xy, veh_v, veh_yaw, veh_ext = self._veh  # the vehicles, the ego last
             veh_xy[:n], veh_v[:n], veh_yaw[:n] = self.v_xy, self.v_v, self.v_yaw

@@ -1,0 +1,112 @@
+"""Road networks with open ends (roads that stop, one-way stubs), as OSM and test-track exports
+have them: loaded whole, with no link that jumps, traffic that leaves at the ends, routes only
+where they can go, and a training episode that ends when the network offers no route on."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from drivemind.maps import load_town
+from drivemind.maps.opendrive import load_xodr_text
+from drivemind.maps.routing import RouteError, _reachable_spawns, random_route
+from drivemind.maps.validate import MapWarning
+from drivemind.sim import SimConfig
+from drivemind.sim.world import LiteWorld
+
+# one 300 m road, a lane each way, linked to nothing: the native parser leaves lane -1 out of its
+# topology (no way on) and links lane 1 to itself, 300 m back
+OPEN_ROAD = """<?xml version="1.0" standalone="yes"?>
+<OpenDRIVE><header revMajor="1" revMinor="4" name="" version="1"/>
+<road name="r" length="300" id="1" junction="-1">
+ <link/>
+ <planView><geometry s="0" x="0" y="0" hdg="0" length="300"><line/></geometry></planView>
+ <lanes><laneSection s="0">
+  <left><lane id="1" type="driving" level="false"><link/><width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane></left>
+  <center><lane id="0" type="none" level="false"/></center>
+  <right><lane id="-1" type="driving" level="false"><link/><width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane></right>
+ </laneSection></lanes>
+</road></OpenDRIVE>"""
+
+
+@pytest.fixture(scope="module")
+def open_road():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rm = load_xodr_text(OPEN_ROAD, "open_road", source="open_road.xodr", native_check=False)
+    return rm, [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
+
+
+def test_an_open_road_loads_both_directions_and_no_link_that_jumps(open_road):
+    rm, msgs = open_road
+    assert sorted(rm.keys) == [(1, 0, -1), (1, 0, 1)]
+    assert all(rm.length[i] == pytest.approx(300.0, abs=1.0) for i in range(rm.n_lanes))
+    assert all(len(rm.successors(i)) == 0 for i in range(rm.n_lanes))  # two dead ends
+    [msg] = [m for m in msgs if "dropped" in m]
+    assert msg.startswith("open_road (open_road.xodr): 1 successor links dropped")
+    assert "road 1 lane 1 -> road 1 lane 1 (300.0 m)" in msg
+
+
+def test_traffic_leaves_at_an_open_road_end_and_never_jumps(open_road):
+    rm, _ = open_road
+    world = LiteWorld(rm, SimConfig(vehicles=6))
+    world.reset(seed=3, ego_pose=(150.0, 40.0, 0.0))  # the ego parked off the road
+    prev = world.v_xy.copy()
+    moved_back = 0
+    for _ in range(900):
+        before = world.npc_exits + world.npc_respawns
+        world.step(np.zeros(2))
+        step = np.hypot(*(world.v_xy - prev).T)
+        prev = world.v_xy.copy()
+        jumps = int((step > 5.0).sum())
+        # a vehicle moves at most its speed times dt, unless it left the network this step
+        assert jumps <= world.npc_exits + world.npc_respawns - before
+        moved_back += jumps
+    assert world.npc_exits >= 6 and moved_back == world.npc_exits + world.npc_respawns
+    assert world.npc_collision_total == 0
+    assert world.npc_respawns == 0  # nobody stood at the end waiting for the last resort
+
+
+def test_routes_go_only_where_the_network_leads(open_road):
+    rm, _ = open_road
+    for a in range(len(rm.spawn)):
+        reach = _reachable_spawns(rm, a)
+        same = (rm.spawn_lane == rm.spawn_lane[a]) & (rm.spawn_s >= rm.spawn_s[a])
+        same[a] = False
+        assert sorted(reach) == sorted(np.flatnonzero(same))
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        r = random_route(rm, rng, min_length=50.0)
+        assert len({seg[0] for seg in r.segments}) == 1 and r.length >= 50.0
+    last = int(np.argmax(np.where(rm.spawn_lane == rm.spawn_lane[0], rm.spawn_s, -1)))
+    with pytest.raises(RouteError, match=f"no spawn point is reachable from spawn point {last}"):
+        random_route(rm, rng, start=last, max_tries=5)
+
+
+@pytest.mark.parametrize("town", ["Town02", "grid"])
+def test_on_a_network_without_open_ends_every_spawn_point_reaches_every_other(town):
+    """So random_route draws exactly as before the reach check (the study's routes unchanged)."""
+    rm = load_town(town)
+    n = len(rm.spawn)
+    assert all(len(_reachable_spawns(rm, a)) == n - 1 for a in range(n))
+
+
+def test_a_training_episode_ends_where_the_network_offers_no_route_on(tmp_path, monkeypatch):
+    from drivemind.envs import TRUNCATIONS, DriveEnv
+
+    (tmp_path / "open_road.xodr").write_text(OPEN_ROAD)
+    monkeypatch.setenv("DRIVEMIND_MAP_PATH", str(tmp_path))
+    env = DriveEnv("open_road", "empty", min_route_length=150.0, max_route_length=400.0,
+                   max_episode_steps=2000)
+    env.reset(seed=0)
+    ends = []
+    for _ in range(2000):
+        _, _, term, trunc, info = env.step(env.unwrapped.expert_action())
+        if term or trunc:
+            ends.append((info["termination"], info["truncation"], info["arrived"]))
+            break
+    env.close()
+    # a route of >= 150 m on a 300 m one-way lane ends in its last 150 m: nothing left ahead
+    assert ends == [("", "no_route", True)] and "no_route" in TRUNCATIONS
