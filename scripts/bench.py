@@ -323,9 +323,14 @@ def bench_sim(args) -> dict:
             routes += 1
             try:
                 pilot.new_route_from(rng, snap.ego.x, snap.ego.y)
-            except RouteError:  # an open road end: the ego starts its next route elsewhere
-                pilot.set_route(random_route(linked_roadmap(rm), rng))
-                world.place_ego(pilot.route.start)
+            except RouteError:  # an open road end: the ego starts its next route elsewhere,
+                for _ in range(50):  # where no vehicle stands
+                    r = random_route(linked_roadmap(rm), rng)
+                    x0, y0, _ = r.start
+                    if not len(world.v_xy) or np.hypot(*(world.v_xy - (x0, y0)).T).min() > 15.0:
+                        break
+                pilot.set_route(r)
+                world.place_ego(r.start)
                 ego_restarts += 1
     t_all = time.perf_counter() - t_all
     return {

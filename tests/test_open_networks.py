@@ -110,3 +110,75 @@ def test_a_training_episode_ends_where_the_network_offers_no_route_on(tmp_path, 
     env.close()
     # a route of >= 150 m on a 300 m one-way lane ends in its last 150 m: nothing left ahead
     assert ends == [("", "no_route", True)] and "no_route" in TRUNCATIONS
+
+
+# ---------------------------------------------------------------------------- lanes that taper
+
+def _lane(key, x0, x1, y=0.0, succ=(), width=None):
+    from drivemind.maps.roadmap import LaneRecord
+
+    xs = np.linspace(x0, x1, int(x1 - x0) + 1)
+    n = len(xs)
+    w = np.full(n, 3.5) if width is None else width(xs)
+    return LaneRecord(key=key, points=np.stack([xs, np.full(n, y)], 1), width=w,
+                      mark_left=np.zeros(n, np.uint8), mark_right=np.zeros(n, np.uint8),
+                      junction=-1, successors=list(succ))
+
+
+def merge_road():
+    """A 200 m two-lane road whose right lane tapers to nothing over its last 40 m (a lane drop,
+    as OpenDRIVE exports draw one: the lane's width goes to 0, both lanes lead into the road on),
+    then 200 m of one lane; the left lane is the ordinary one."""
+    from drivemind.maps.roadmap import build_roadmap
+
+    left = _lane((1, 0, -1), 0, 200, succ=[(2, 0, -1)])
+    right = _lane((1, 0, -2), 0, 200, y=3.5, succ=[(2, 0, -1)],
+                  width=lambda x: np.clip((200 - x) / 40, 0, 1) * 3.5)
+    left.right, right.left = (1, 0, -2), (1, 0, -1)
+    on = _lane((2, 0, -1), 200, 400)
+    return build_roadmap("merge", [left, right, on])
+
+
+def test_no_spawn_point_where_a_lane_is_too_narrow_for_a_car():
+    rm = merge_road()
+    right = rm.key_index[(1, 0, -2)]
+    s = rm.spawn_s[rm.spawn_lane == right]
+    # 2.5 m wide at x = 171.4; a spawn point needs that within 6 m either side (without the rule
+    # the lane's spawn points went on to 186 m, where it is 1.2 m wide)
+    assert len(s) and s.max() <= 171.4 - 6.0
+
+
+def test_traffic_merges_before_a_lane_drop_without_a_collision():
+    rm = merge_road()
+    right, left = rm.key_index[(1, 0, -2)], rm.key_index[(1, 0, -1)]
+    world = LiteWorld(rm, SimConfig(vehicles=10, offroad_margin=None))
+    assert world.lane_stop[right] == pytest.approx(171.0, abs=1.0) and np.isinf(world.lane_stop[left])
+    world.reset(seed=1, ego_pose=(100.0, 60.0, 0.0))
+    deepest = 0.0
+    for _ in range(1200):
+        world.step(np.zeros(2))
+        on_right = world.v_lane == right
+        if on_right.any():
+            deepest = max(deepest, float((world.v_s[on_right] + world.v_hl[on_right]).max()))
+    assert world.npc_collision_total == 0
+    assert world.lane_change_total >= 1 and world.npc_exits >= 5  # they merged and drove on
+    assert deepest <= world.lane_stop[right] + 0.05  # nobody drove into the taper
+
+
+def test_no_lane_change_into_a_lane_that_narrows():
+    """The right lane's taper makes it no target: a vehicle on the left lane behind a standing
+    ego does not swerve into it (on a full-width lane it would, test_traffic_flow)."""
+    from drivemind.sim.config import TrafficParams
+
+    rm = merge_road()
+    left = rm.key_index[(1, 0, -1)]
+    world = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None,
+                                    traffic=TrafficParams(signals="none", stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(1e4, 1e4, 0.0))
+    world.v_lane[0], world.v_s[0], world.v_v[0] = left, 20.0, 5.0
+    world.v_path[0] = -1
+    world.v_path[0, 0] = left
+    world.ego.update(x=80.0, y=0.0, yaw=0.0, v=0.0)  # standing in the left lane
+    for _ in range(300):
+        world.step((0.0, -1.0))
+    assert world.lane_change_total == 0 and world.v_xy[0, 0] < 80.0

@@ -259,14 +259,22 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
     return rm
 
 
+MIN_SPAWN_WIDTH = 2.5  # m: no spawn point where the lane is narrower (a lane that begins or ends
+#                       with a taper: a vehicle there would overlap the next lane's traffic)
+
+
 def _make_spawn_points(rm: RoadMap, spacing: float, margin: float) -> None:
     xs, lanes, ss = [], [], []
     for lane in range(rm.n_lanes):
         if rm.junction[lane] >= 0 or rm.length[lane] < 2 * margin:
             continue
         n = int((rm.length[lane] - 2 * margin) // spacing) + 1
+        w, ds = rm.width[rm.offset[lane]:rm.offset[lane + 1]], rm.ds[lane]
         for k in range(n):
             s = margin + k * spacing
+            lo, hi = int(max(s - margin, 0.0) / ds), int(math.ceil((s + margin) / ds)) + 1
+            if w[lo:hi].min() < MIN_SPAWN_WIDTH:
+                continue
             xs.append(rm.pose_at(lane, s))
             lanes.append(lane)
             ss.append(s)

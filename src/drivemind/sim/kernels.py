@@ -315,7 +315,7 @@ def _corridor_gap(offset, ds, length, pts, yaw, path, s_i, hl, hw, obs, obs_r, l
 def traffic_step(
     dt, t,
     # map
-    offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax,
+    offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax, lane_stop,
     # vehicles (modified in place)
     lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
     lcfrom,
@@ -701,6 +701,13 @@ def traffic_step(
                 gap = g
                 vl = 0.0
                 src = BLOCKED_LIGHT if light_block[i] else rej[i]
+        # a lane that ends in a taper (it merges into its neighbour): nobody drives into it
+        if lane_stop[lane[i]] < INF:
+            g = lane_stop[lane[i]] - s[i] - hl[i]
+            if g < gap:
+                gap = g
+                vl = 0.0
+                src = BLOCKED_OTHER
         # desired speed: class speed capped by this lane's and the next lane's curvature limit
         v0 = _v0(vfac[i], vcap[i], lane_vmax[lane[i]])
         if K > 1 and path[i, 1] >= 0 and length[lane[i]] - s[i] < 20.0:
@@ -877,7 +884,7 @@ def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
 
 @nb.njit(cache=True)
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
-                 right_same, lane_vmax, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
+                 right_same, lane_vmax, lane_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
                  threshold, b_safe, xy):
     """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
@@ -904,6 +911,8 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         ga, va, gb, vb, fb = _neighbours_on(lane, s, v, hl, n, li, s[i] + hl[i], i)
         if ego_lane == li and ego_s > s[i] and ego_s - s[i] - hl[i] - 2.5 < ga:
             ga, va = ego_s - s[i] - hl[i] - 2.5, ego_v
+        if lane_stop[li] - s[i] - hl[i] < ga:  # the lane ends in a taper: a standing obstacle
+            ga, va = lane_stop[li] - s[i] - hl[i], 0.0
         a_cur = _idm(v[i], v0, ga, va, amax[i], bcomf[i], s0, T)
         best_gain = threshold
         best = -1

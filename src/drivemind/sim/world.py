@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..maps.roadmap import BROKEN_MARKINGS, MarkingType, RoadMap
+from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, MarkingType, RoadMap
 from ..maps.spatial import lane_grid, nearest_point
 from . import kernels as K
 from .config import SimConfig
@@ -102,6 +102,20 @@ class LiteWorld:
         # any lane with a neighbour of its own direction (else no lane changes to consider)
         self._multilane = bool(np.any((roadmap.left >= 0) & roadmap.left_same_dir)
                                or np.any((roadmap.right >= 0) & roadmap.right_same_dir))
+        # lane changes never into a lane narrower than a spawn point's minimum somewhere (a lane
+        # that begins or ends with a taper: a car there overlaps the next lane's traffic)
+        narrow = np.array([roadmap.width[roadmap.offset[i]:roadmap.offset[i + 1]].min()
+                           < MIN_SPAWN_WIDTH for i in range(roadmap.n_lanes)], np.bool_)
+        self._lc_left = np.where((roadmap.left >= 0) & narrow[roadmap.left], -1, roadmap.left)
+        self._lc_right = np.where((roadmap.right >= 0) & narrow[roadmap.right], -1, roadmap.right)
+        # where a lane that ends narrower than that (a merge taper) becomes too narrow: vehicles
+        # stop short of it and change lanes before it, as into a standing obstacle (inf: no taper)
+        self.lane_stop = np.full(roadmap.n_lanes, np.inf)
+        for i in np.flatnonzero(narrow):
+            w = roadmap.width[roadmap.offset[i]:roadmap.offset[i + 1]]
+            if w[-1] < MIN_SPAWN_WIDTH:
+                wide = np.flatnonzero(w >= MIN_SPAWN_WIDTH)
+                self.lane_stop[i] = (wide[-1] + 1) * roadmap.ds[i] if len(wide) else 0.0
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
         # lanes with no way on (open road ends): a vehicle reaching the end of one leaves the
         # network and is put back at a spawn point (SUMO's vehicles leave at the fringe)
@@ -488,8 +502,9 @@ class LiteWorld:
         if n and tp.lane_changes and self._multilane and self.frame % LC_EVERY == 0:
             rm = self.map
             self.lane_change_total += K.lane_changes(
-                dt * LC_EVERY, *self._m, rm.junction, self.succ, rm.left, rm.right, rm.left_same_dir,
-                rm.right_same_dir, self.lane_vmax, self.v_lane, self.v_s, self.v_v, self.v_acc,
+                dt * LC_EVERY, *self._m, rm.junction, self.succ, self._lc_left, self._lc_right,
+                rm.left_same_dir, rm.right_same_dir, self.lane_vmax, self.lane_stop, self.v_lane,
+                self.v_s, self.v_v, self.v_acc,
                 self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
                 self.v_amax, self.v_b,
                 self.v_lat, self.v_lcfrom, self.v_lctimer, ego_xy, ego_lane,
@@ -511,7 +526,7 @@ class LiteWorld:
         if n:
             m = K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
-                self.lights.lane_light, self.lane_vmax,
+                self.lights.lane_light, self.lane_vmax, self.lane_stop,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
                 self.v_entered, self.v_wait, self.v_stuck,
                 self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_b, self.v_lat,
