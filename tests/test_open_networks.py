@@ -182,3 +182,16 @@ def test_no_lane_change_into_a_lane_that_narrows():
     for _ in range(300):
         world.step((0.0, -1.0))
     assert world.lane_change_total == 0 and world.v_xy[0, 0] < 80.0
+
+
+def test_bench_sim_runs_on_an_open_road_and_restarts_its_ego_elsewhere(tmp_path, monkeypatch, capsys):
+    from script_loader import load_script
+
+    (tmp_path / "open_road.xodr").write_text(OPEN_ROAD)
+    monkeypatch.setenv("DRIVEMIND_MAP_PATH", str(tmp_path))
+    out = load_script("bench").main(["sim", "--town", "open_road", "--density", "regular",
+                                     "--seconds", "300", "--cores", "0"])
+    assert out["npc_exits"] > 0 and out["npc_collisions"] == 0 and out["npc_respawns"] == 0
+    assert out["ego_restarts"] >= 1 and out["ego_routes_completed"] >= out["ego_restarts"]
+    assert out["ego_collisions"] == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"what": "sim"')
