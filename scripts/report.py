@@ -70,6 +70,10 @@ def _main(args) -> dict:
         kept = {r["path"].resolve() for r in inside} | {p.resolve() for p in new}
         runs = [r for r in find_runs([dest]) if r["path"].resolve() in kept]
     report = build_report(runs)
+    if args.contrast:  # before anything is written: an unknown method label is one error
+        from drivemind.evaluation.contrasts import method_contrasts
+
+        pairs = [c for a, b in args.contrast for c in method_contrasts(report, a, b)]
     summary = write_study_report(report, args.out)
     spec = study_spec() if (args.results_md or args.todo) else None
     if args.results_md:
@@ -94,7 +98,7 @@ def _main(args) -> dict:
         if not summary["todo"]:
             print("[drivemind] todo: nothing, every table is complete", flush=True)
     if args.contrast:
-        summary["contrasts"] = contrasts(report, args.contrast, Path(args.out) / "contrasts.csv")
+        summary["contrasts"] = contrasts(pairs, Path(args.out) / "contrasts.csv")
     print(f"[drivemind] {summary['runs']} runs, {len(summary['methods'])} methods "
           f"(seeds per method >= {summary['seeds_min']}); evaluations: "
           f"{', '.join(summary['evals']) or 'none'}; wrote {Path(args.out) / 'report.md'}", flush=True)
@@ -105,14 +109,11 @@ def _main(args) -> dict:
     return summary
 
 
-def contrasts(report: dict, pairs, path: Path) -> list[dict]:
-    """``--contrast``: every pair's contrasts, printed one line each and written to ``path``."""
+def contrasts(rows: list[dict], path: Path) -> list[dict]:
+    """``--contrast``: the pairs' contrasts, printed one line each and written to ``path``."""
     import csv
 
-    from drivemind.evaluation.contrasts import method_contrasts
     from drivemind.evaluation.report import METRIC_COLUMNS
-
-    rows = [c for a, b in pairs for c in method_contrasts(report, a, b)]
 
     def iv(side, key):
         f = METRIC_COLUMNS[key][1]

@@ -496,7 +496,7 @@ def test_results_page_states_each_claim_as_a_difference_with_an_interval(study, 
     assert (tmp_path / "rep" / "contrasts.csv").read_text().startswith("a_label,b_label,evals,key")
     with pytest.raises(SystemExit) as ex:
         load_script("report").main([str(a), "--out", str(tmp_path / "rep2"), "--contrast", "nope", "drivemind-sac"])
-    assert ex.value.code == 2
+    assert ex.value.code == 2 and not (tmp_path / "rep2").exists()  # nothing written
     assert "error: no method 'nope' in this report; its methods: drivemind-noaicr-sac, drivemind-sac" \
         in capsys.readouterr().err
 
