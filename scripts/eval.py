@@ -37,7 +37,7 @@ def main(cfg: DictConfig) -> dict:
 def _main(cfg: DictConfig) -> dict:
     from drivemind.evaluation import evaluate
     from drivemind.training.build import env_kwargs
-    from drivemind.training.evaluate import evaluate_run
+    from drivemind.training.evaluate import eval_folder, evaluate_run
 
     c = OmegaConf.to_container(cfg, resolve=True)
     if c["policy"] not in ("model", "autopilot"):
@@ -60,7 +60,7 @@ def _main(cfg: DictConfig) -> dict:
         town, density = town or "grid", density or "regular"
         kw = env_kwargs({"obs": {"bev": {"preset": "cpu"}}, "map_path": c.get("map_path"),
                          "sim": c.get("sim") or {}})
-        out = c.get("out") or Path("outputs/eval/autopilot") / f"{town}-{density}"
+        out = c.get("out") or Path("outputs/eval/autopilot") / eval_folder(town, density)
         res = {**evaluate("autopilot", town=town, density=density, out_dir=out, env_kwargs=kw,
                           meta={"policy": "autopilot"}, **common), "out": out}
     out = res["out"]

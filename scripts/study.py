@@ -41,6 +41,8 @@ def _parse_evals(items) -> list[tuple[str, str]]:
 def plan(runs, evals=None) -> tuple[list, list, list]:
     """(todo, skipped, not_evaluable): ``todo``/``skipped`` are (run, town, density) triples; a
     triple is skipped when its metrics.json exists; failed runs are ``not_evaluable``."""
+    from drivemind.training.evaluate import eval_folder
+
     todo, skipped, bad = [], [], []
     for r in runs:
         if not r["ok"] or not (r["path"] / "checkpoints" / "latest.json").is_file():
@@ -48,7 +50,7 @@ def plan(runs, evals=None) -> tuple[list, list, list]:
             continue
         wanted = evals or _parse_evals((r["config"].get("study") or {}).get("eval") or DEFAULT_EVALS)
         for town, density in wanted:
-            done = (r["path"] / "eval" / f"{town}-{density}" / "metrics.json").is_file()
+            done = (r["path"] / "eval" / eval_folder(town, density) / "metrics.json").is_file()
             (skipped if done else todo).append((r, town, density))
     return todo, skipped, bad
 

@@ -70,6 +70,23 @@ def test_evaluating_a_run_uses_its_torch_threads(real_run, tmp_path):
         th.set_num_threads(before)
 
 
+def test_a_town_given_as_a_file_keeps_its_reports_inside_the_run(real_run, tmp_path):
+    """town=custom town.name=/abs/path.xodr: the reports go to <run>/eval/<stem>-<density>, not
+    beside the map file (an absolute path joined to the run's folder replaced it)."""
+    from drivemind.maps.resolve import VENDORED_DIR
+    from drivemind.training.evaluate import eval_folder
+
+    src = tmp_path / "maps" / "Town02.xodr.xz"
+    src.parent.mkdir()
+    shutil.copy(VENDORED_DIR / "Town02.xodr.xz", src)
+    res = evaluate_run(real_run, str(src), "empty", routes=[0], video_route=None, max_steps_per_route=5)
+    assert res["out"] == real_run / "eval" / "Town02-empty" and (res["out"] / "metrics.json").is_file()
+    assert sorted(p.name for p in src.parent.iterdir()) == ["Town02.xodr.xz"]
+    assert eval_folder("Town05", "dense") == "Town05-dense"
+    assert eval_folder("/maps/my town.xodr", "regular") == "my town-regular"
+    shutil.rmtree(res["out"])
+
+
 def records(arrived: int, collided: int, n: int = 10, speed: float = 20.0) -> list[EpisodeRecord]:
     """``n`` route records: the first ``arrived`` reach their goal, the last ``collided`` collide."""
     out = []

@@ -10,6 +10,18 @@ import torch as th
 import yaml
 
 from .build import apply_torch_threads, check_compatible, study_world
+
+
+def eval_folder(town: str, density: str) -> str:
+    """The report folder's name, ``<town>-<density>``; a town given as a file (``town=custom
+    town.name=/path/map.xodr``) by its file's stem, so its reports stay inside the run (an
+    absolute path joined to the run's folder would put them beside the map file)."""
+    from ..maps.opendrive import xodr_stem
+
+    t = str(town)
+    if "/" in t or "\\" in t or t.endswith((".xodr", ".xz", ".gz")):
+        t = xodr_stem(t)
+    return f"{t}-{density}"
 from .callbacks import latest_checkpoint
 
 
@@ -84,7 +96,7 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     """Evaluate a training run's checkpoint on the fixed routes of ``town`` x ``density`` (default:
     the run's own) with the run's obs/env settings (``sim``: another backend's config, e.g. a CARLA
     server for a policy trained on the embedded sim); reports go to ``<run>/eval/<town>-<density>``
-    unless ``out_dir``. ``kwargs`` go to :func:`drivemind.evaluation.evaluate`. Returns its result
+    (:func:`eval_folder`) unless ``out_dir``. ``kwargs`` go to :func:`drivemind.evaluation.evaluate`. Returns its result
     plus ``out`` (the report folder)."""
     from ..envs import DriveEnv
     from ..evaluation import evaluate
@@ -106,7 +118,7 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
         check_policy_env(policy, probe.observation_space, run_dir)
     finally:
         probe.close()
-    out = Path(out_dir) if out_dir else run_dir / "eval" / f"{town}-{density}"
+    out = Path(out_dir) if out_dir else run_dir / "eval" / eval_folder(town, density)
     res = evaluate(policy, town=town, density=density, out_dir=out, env_kwargs=kw,
                    meta={"run": str(run_dir), "checkpoint": checkpoint, "policy": run_dir.name,
                          **(meta or {})}, **kwargs)
