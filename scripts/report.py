@@ -113,11 +113,7 @@ def contrasts(rows: list[dict], path: Path) -> list[dict]:
     """``--contrast``: the pairs' contrasts, printed one line each and written to ``path``."""
     import csv
 
-    from drivemind.evaluation.report import METRIC_COLUMNS
-
-    def iv(side, key):
-        f = METRIC_COLUMNS[key][1]
-        return "pending" if not side else f"{f.format(side['mean'])} [{f.format(side['lo'])}, {f.format(side['hi'])}]"
+    from drivemind.evaluation.contrasts import format_interval as iv
 
     fields = ["a_label", "b_label", "evals", "key", "n_a", "n_b", "a_mean", "a_lo", "a_hi", "b_mean", "b_lo",
               "b_hi", "diff_mean", "diff_lo", "diff_hi", "p_greater"]

@@ -93,6 +93,17 @@ def draws(seeds: list[dict], key: str, n: int, rng: np.random.Generator) -> np.n
     return total / k
 
 
+def format_interval(side: dict | None, key: str) -> str:
+    """``mean [lo, hi]`` of a contrast's side (``a``, ``b`` or ``diff``) in ``key``'s table
+    format; ``pending`` without one."""
+    from .report import METRIC_COLUMNS
+
+    if not side:
+        return "pending"
+    fmt = METRIC_COLUMNS[key][1]
+    return f"{fmt.format(side['mean'])} [{fmt.format(side['lo'])}, {fmt.format(side['hi'])}]"
+
+
 def _interval(x: np.ndarray) -> tuple[float, float]:
     lo, hi = np.percentile(x, [50 * (1 - LEVEL), 100 - 50 * (1 - LEVEL)])
     return float(lo), float(hi)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 
-from .contrasts import contrast
+from .contrasts import contrast, format_interval
 from .published import DM_T1, DM_T2, published_for
 from .report import METRIC_COLUMNS, _table
 
@@ -161,11 +161,7 @@ def _side(report: dict, protocol: dict, side, town: str, density: str) -> tuple[
 
 
 def _interval(side: dict | None, key: str, n: int) -> str:
-    if not side:
-        return "pending"
-    fmt = METRIC_COLUMNS[key][1]
-    return f"{fmt.format(side['mean'])} [{fmt.format(side['lo'])}, {fmt.format(side['hi'])}]" + \
-        ("" if n > 1 else " (1 seed)")
+    return format_interval(side, key) + ("" if not side or n > 1 else " (1 seed)")
 
 
 def _published(side, key: str, town: str, density: str, source: str) -> float | None:
@@ -201,15 +197,11 @@ def contrast_table(report: dict, spec: dict) -> list[str]:
     body = []
     for c in contrast_rows(report, spec):
         key = c["key"]
-        fmt = METRIC_COLUMNS[key][1]
         if c["b_label"] is None:
             diff, p = "-", "-"
-        elif c["diff"] is None:
-            diff, p = "pending", "-"
         else:
-            d = c["diff"]
-            diff = f"{fmt.format(d['mean'])} [{fmt.format(d['lo'])}, {fmt.format(d['hi'])}]"
-            p = f"{c['p_greater']:.2f}"
+            diff = format_interval(c["diff"], key)
+            p = "-" if c["diff"] is None else f"{c['p_greater']:.2f}"
         paper = "-" if c["paper"] is None else f"{c['paper']:.3g}"
         body.append([c["claim"], METRIC_COLUMNS[key][0], c["where"],
                      f"{c['a_label']}: {_interval(c['a'], key, c['n_a'])}",

@@ -72,6 +72,12 @@ def builtin_names() -> list[str]:
     return sorted(BUILTIN_TOWNS)
 
 
+def is_town_file(town: str | os.PathLike) -> bool:
+    """Whether ``town`` names an OpenDRIVE file (a path) rather than a town to look up."""
+    town = os.fspath(town)
+    return town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town or os.path.isfile(town)
+
+
 def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
     """Resolve a town name or .xodr path and load it (cached per file and modification time)."""
     if not town or not str(town).strip():
@@ -79,7 +85,7 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
                        f"({', '.join(builtin_names())}), a CARLA town such as Town02, or a .xodr path")
     town = os.fspath(town)
     kw = tuple(sorted(build_kw.items()))
-    if town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town or os.path.isfile(town):
+    if is_town_file(town):
         path = Path(os.path.expanduser(town))
         if not path.is_file():
             raise MapError(f"{path}: no such OpenDRIVE file")

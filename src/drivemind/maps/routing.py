@@ -84,6 +84,15 @@ def _segments_polyline(rm: RoadMap, segments) -> Route:
                  np.asarray(lanes, np.int64))
 
 
+def _change_targets(rm: RoadMap, lane: int) -> list[int]:
+    """The lanes a route may change to from ``lane``: its neighbours of the same direction,
+    outside junctions."""
+    if rm.junction[lane] >= 0:
+        return []
+    return [int(nb) for nb, same in ((rm.left[lane], rm.left_same_dir[lane]),
+                                     (rm.right[lane], rm.right_same_dir[lane])) if nb >= 0 and same]
+
+
 def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *,
                lane_change_cost: float = 25.0) -> Route:
     """Shortest route from ``(lane, s)`` to ``(lane, s)``. Raises RouteError if unreachable."""
@@ -116,9 +125,7 @@ def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *
         if lane == lg and node != START:
             break  # popped with f = true cost (h is 0 on the goal lane in the adjusted key)
         edges = [(int(n), rm.length[n], "succ") for n in rm.successors(lane)]
-        for nb, same in ((rm.left[lane], rm.left_same_dir[lane]), (rm.right[lane], rm.right_same_dir[lane])):
-            if nb >= 0 and same and rm.junction[lane] < 0:
-                edges.append((int(nb), lane_change_cost, "change"))
+        edges += [(nb, lane_change_cost, "change") for nb in _change_targets(rm, lane)]
         for nxt, cost, kind in edges:
             if nxt == START:
                 continue
@@ -178,19 +185,14 @@ def nearest_spawn(rm: RoadMap, x: float, y: float) -> int:
 
 def reachable_lanes(rm: RoadMap, lane: int) -> frozenset:
     """Lanes a route can reach from anywhere on ``lane`` (after driving off it), on
-    :func:`plan_route`'s edges: successors, and lane changes to a neighbour of the same direction
-    outside junctions. Cached on ``rm`` per lane."""
+    :func:`plan_route`'s edges: successors and :func:`_change_targets`. Cached on ``rm`` per lane."""
     cache = rm.__dict__.setdefault("_reachable", {})
     hit = cache.get(lane)
     if hit is None:
         seen, todo = set(), [int(lane)]
         while todo:
             cur = todo.pop()
-            nxt = [int(n) for n in rm.successors(cur)]
-            for nb, same in ((rm.left[cur], rm.left_same_dir[cur]), (rm.right[cur], rm.right_same_dir[cur])):
-                if nb >= 0 and same and rm.junction[cur] < 0:
-                    nxt.append(int(nb))
-            for n in nxt:
+            for n in [int(n) for n in rm.successors(cur)] + _change_targets(rm, cur):
                 if n not in seen:
                     seen.add(n)
                     todo.append(n)

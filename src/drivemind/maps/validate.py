@@ -49,20 +49,24 @@ def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[s
     vehicles leave the network there, ``drivemind.sim.world``) or continues geometrically
     (``drivemind.sim.tables.traffic_successors``)."""
     ends = {r.key: np.asarray(r.points, float).reshape(-1, 2) for r in records}
-    dropped = []
+    far = [(r, s, gap) for r, s, gap in _successor_gaps(records, ends) if gap > max_gap]
+    for r, s, _ in far:
+        r.successors = [t for t in r.successors if t != s]
+    return [_link(r.key, s, gap) for r, s, gap in far]
+
+
+def _successor_gaps(records, ends: dict):
+    """(record, successor key, metres from the record's lane end to the successor's start) for
+    every link between two lanes of ``ends`` (``{key: centre-line points}``)."""
     for r in records:
-        if r.key not in ends or len(ends[r.key]) == 0:
-            continue
-        keep = []
-        for s in r.successors:
-            if s in ends and len(ends[s]):
-                gap = float(np.hypot(*(ends[s][0] - ends[r.key][-1])))
-                if gap > max_gap:
-                    dropped.append(f"{_lane(r.key)} -> {_lane(s)} ({gap:.1f} m)")
-                    continue
-            keep.append(s)
-        r.successors = keep
-    return dropped
+        if len(ends.get(r.key, ())):
+            for s in r.successors:
+                if len(ends.get(s, ())):
+                    yield r, s, float(np.hypot(*(ends[s][0] - ends[r.key][-1])))
+
+
+def _link(a, b, gap: float) -> str:
+    return f"{_lane(a)} -> {_lane(b)} ({gap:.1f} m)"
 
 
 def find_issues(records, text: str | None = None, short: dict | None = None,
@@ -90,15 +94,7 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     if dangling:
         issues["dangling lane successors"] = dangling
     ends = {r.key: np.asarray(r.points, float).reshape(-1, 2) for r in records if r.key in usable}
-    far = []
-    for r in records:
-        if r.key not in usable:
-            continue
-        for s in r.successors:
-            if s in ends:
-                gap = float(np.hypot(*(ends[s][0] - ends[r.key][-1])))
-                if gap > FAR_SUCCESSOR:
-                    far.append(f"{_lane(r.key)} -> {_lane(s)} ({gap:.1f} m)")
+    far = [_link(r.key, s, gap) for r, s, gap in _successor_gaps(records, ends) if gap > FAR_SUCCESSOR]
     if far:
         issues["successors that start away from the lane's end"] = far
     lane_junctions = {r.junction for r in records if r.junction >= 0 and r.key in usable}

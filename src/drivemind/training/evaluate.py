@@ -10,19 +10,18 @@ import torch as th
 import yaml
 
 from .build import apply_torch_threads, check_compatible, study_world
+from .callbacks import latest_checkpoint
 
 
 def eval_folder(town: str, density: str) -> str:
     """The report folder's name, ``<town>-<density>``; a town given as a file (``town=custom
-    town.name=/path/map.xodr``) by its file's stem, so its reports stay inside the run (an
-    absolute path joined to the run's folder would put them beside the map file)."""
+    town.name=/path/map.xodr``, as :func:`drivemind.maps.resolve.is_town_file` tells) by its
+    file's stem, so its reports stay inside the run (an absolute path joined to the run's folder
+    would put them beside the map file)."""
     from ..maps.opendrive import xodr_stem
+    from ..maps.resolve import is_town_file
 
-    t = str(town)
-    if "/" in t or "\\" in t or t.endswith((".xodr", ".xz", ".gz")):
-        t = xodr_stem(t)
-    return f"{t}-{density}"
-from .callbacks import latest_checkpoint
+    return f"{xodr_stem(town) if is_town_file(town) else town}-{density}"
 
 
 def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "auto"):
