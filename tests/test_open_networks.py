@@ -195,3 +195,79 @@ def test_bench_sim_runs_on_an_open_road_and_restarts_its_ego_elsewhere(tmp_path,
     assert out["ego_restarts"] >= 1 and out["ego_routes_completed"] >= out["ego_restarts"]
     assert out["ego_collisions"] == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"what": "sim"')
+
+
+# A 90-degree turn written as editors export junction turns: a clothoid from straight to
+# curvature K, a "spiral" whose curvature stays K (an arc), and a clothoid back to straight.
+K, L_IN, L_ARC = 0.0691, 10.47, 12.26
+
+
+def _clothoid_end(x, y, hdg, c0, c1, length, n=20000):
+    ds = length / n
+    s = (np.arange(n) + 0.5) * ds
+    h = hdg + c0 * s + 0.5 * (c1 - c0) / length * s * s
+    return x + np.cos(h).sum() * ds, y + np.sin(h).sum() * ds, hdg + 0.5 * (c0 + c1) * length
+
+
+def _turn_xodr(middle: str) -> str:
+    pieces, x, y, h, s = [], 0.0, 0.0, 0.0, 0.0
+    for c0, c1, length in ((1e-9, K, L_IN), (K, K, L_ARC), (K, 1e-9, L_IN)):
+        shape = (middle if c0 == c1 else f'<spiral curvStart="{c0}" curvEnd="{c1}"/>')
+        pieces.append(f'<geometry s="{s}" x="{x}" y="{y}" hdg="{h}" length="{length}">{shape}</geometry>')
+        x, y, h = _clothoid_end(x, y, h, c0, c1, length)
+        s += length
+    lanes = "".join(f'<lane id="{i}" type="driving" level="false"><link/><width sOffset="0" a="3" b="0" c="0" '
+                    f'd="0"/></lane>' for i in (1, 2))
+    rlanes = lanes.replace('id="1"', 'id="-1"').replace('id="2"', 'id="-2"')
+    return f"""<?xml version="1.0" standalone="yes"?>
+<OpenDRIVE><header revMajor="1" revMinor="4" name="" version="1"/>
+<road name="turn" length="{s}" id="7" junction="-1"><link/><planView>{''.join(pieces)}</planView>
+ <lanes><laneSection s="0"><left>{lanes}</left><center><lane id="0" type="none" level="false"/></center>
+ <right>{rlanes}</right></laneSection></lanes></road></OpenDRIVE>"""
+
+
+def test_a_spiral_of_constant_curvature_is_read_as_the_arc_it_is():
+    from drivemind.maps.opendrive import carla_lane_records, constant_spirals_as_arcs, parse_carla_map
+    from drivemind.maps.validate import broken_centre_line, find_issues
+
+    as_spiral = _turn_xodr(f'<spiral curvStart="{K}" curvEnd="{K}"/>')
+    as_arc = _turn_xodr(f'<arc curvature="{K}"/>')
+    # the native parser on the text as written misplaces the middle piece, so the lanes leap
+    # (or turn back, depending on the offsets) where the third piece starts: why the rewrite exists
+    raw, _, _ = carla_lane_records(parse_carla_map(as_spiral, "turn", "turn.xodr"), name="turn")
+    assert all(broken_centre_line(r.points) for r in raw), "carla drew the constant spiral correctly"
+    assert any("jumps or turns back" in k for k in find_issues(raw))
+
+    text, rewritten = constant_spirals_as_arcs(as_spiral)
+    assert rewritten == [f"road 7 geometry s={L_IN:.2f} (curvature {K:.4g})"]
+    assert text.count("<spiral") == 2 and f'<arc curvature="{K!r}"/>' in text
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rm = load_xodr_text(as_spiral, "turn", source="turn.xodr", native_check=False)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
+    assert [m for m in msgs if "read as arcs" in m] == [
+        f"turn (turn.xodr): 1 spirals of constant curvature read as arcs (the CARLA parser draws them "
+        f"as straight lines, and the lanes after them jump back): road 7 geometry s={L_IN:.2f} "
+        f"(curvature {K:.4g})"]
+    assert not [m for m in msgs if "jumps or turns back" in m]
+    ref = load_xodr_text(as_arc, "turn_arc", native_check=False)
+    assert sorted(rm.keys) == sorted(ref.keys)
+    for key in rm.keys:
+        a, b = rm.lane_points(rm.key_index[key]), ref.lane_points(ref.key_index[key])
+        assert len(a) == len(b) and np.abs(a - b).max() < 1e-6
+        assert not broken_centre_line(a)
+        d = np.diff(a, axis=0)
+        heading = np.unwrap(np.arctan2(d[:, 1], d[:, 0]))
+        # about 90 degrees (carla's y axis points the other way: a left turn turns right there)
+        assert abs(np.degrees(heading[-1] - heading[0])) == pytest.approx(np.degrees(K * (L_IN + L_ARC)), abs=1.0)
+
+
+def test_real_spirals_and_texts_without_them_are_left_alone():
+    from drivemind.maps.opendrive import constant_spirals_as_arcs
+
+    clothoids = _turn_xodr('<spiral curvStart="0.0691" curvEnd="0.05"/>')
+    assert constant_spirals_as_arcs(clothoids) == (clothoids, [])
+    assert constant_spirals_as_arcs(OPEN_ROAD) == (OPEN_ROAD, [])
+    flat = _turn_xodr('<spiral curvStart="0" curvEnd="0"/>')
+    text, rewritten = constant_spirals_as_arcs(flat)
+    assert "<line/>" in text and rewritten == [f"road 7 geometry s={L_IN:.2f} (curvature 0)"]

@@ -10,13 +10,21 @@ child process (:mod:`drivemind.maps.native_check`); a crash there becomes one :c
 naming the file. The verdict is cached per content hash, so a file costs the child process once.
 After loading, :mod:`drivemind.maps.validate` warns about dangling links, zero-length lanes and
 junctions without connecting lanes, naming road and lane ids.
+
+One defect of the native parser is worked around in the text before it parses: a ``<spiral>`` whose
+curvature does not change (``curvStart == curvEnd``, an arc written as a clothoid, as some editors
+export junction turns) is drawn as a straight line by carla 0.9.16, so the lanes after it jump
+back to where the file puts the next piece; :func:`constant_spirals_as_arcs` writes such a piece as
+the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote.
 """
 
 from __future__ import annotations
 
 import gzip
 import lzma
+import math
 import os
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -24,6 +32,13 @@ import numpy as np
 from .roadmap import LaneRecord, MapError, MarkingType, RoadMap, TrafficLightLandmark, build_roadmap
 
 TRAFFIC_LIGHT_TYPE = "1000001"
+SPIRAL_AS_ARC = 1e-3  # m: |curvEnd - curvStart| * length**2 under this -> the spiral is an arc
+STRAIGHT_CURVATURE = 1e-9  # 1/m: an "arc" this flat is written as a line
+
+_SPIRAL = re.compile(r"<spiral\b([^>]*?)\s*(?:/>|>\s*</spiral\s*>)")
+_ATTR = re.compile(r"""([A-Za-z_][\w.-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
+_GEOMETRY = re.compile(r"<geometry\b[^>]*>")
+_ROAD = re.compile(r"<road\b[^>]*>")
 
 
 def _import_carla():
@@ -50,6 +65,55 @@ def _check_opendrive_text(text: str, source: str) -> None:
         raise MapError(f"{source}: OpenDRIVE file has no <road> elements")
 
 
+def _attrs(tag_text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) if m.group(2) is not None else m.group(3)
+            for m in _ATTR.finditer(tag_text)}
+
+
+def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
+    """``(text, rewritten)``: ``text`` with every ``<spiral>`` of constant curvature written as the
+    ``<arc>`` it is (a ``<line>`` where the curvature is under ``STRAIGHT_CURVATURE``), and one
+    description per rewritten piece ("road 300 geometry s=10.47 (curvature -0.0691)").
+
+    A clothoid whose curvature changes by ``dc`` over ``L`` metres departs from the arc of its
+    mean curvature by about ``dc * L**2 / 24`` m; a piece with ``dc * L**2 < SPIRAL_AS_ARC`` is an
+    arc to well under a millimetre. carla 0.9.16 evaluates such a spiral with a curvature rate of
+    (nearly) zero, which it draws as a straight line, so the next piece starts elsewhere and the
+    lanes the parser samples turn back on themselves (traffic on them overlaps). Other spirals,
+    and any text without spirals, are returned unchanged."""
+    if "<spiral" not in text:
+        return text, []
+    rewritten: list[str] = []
+    geoms = [(m.start(), _attrs(m.group(0))) for m in _GEOMETRY.finditer(text)]
+    roads = [(m.start(), _attrs(m.group(0))) for m in _ROAD.finditer(text)]
+
+    def last_before(items, pos):
+        found = {}
+        for at, attrs in items:
+            if at > pos:
+                break
+            found = attrs
+        return found
+
+    def repl(m: re.Match) -> str:
+        a = _attrs(m.group(1))
+        g = last_before(geoms, m.start())
+        try:
+            c0, c1 = float(a["curvStart"]), float(a["curvEnd"])
+            length = float(g.get("length", "nan"))
+        except (KeyError, ValueError):
+            return m.group(0)  # malformed: left to the parser and its error
+        if not (math.isfinite(c0) and math.isfinite(c1) and math.isfinite(length)) \
+                or abs(c1 - c0) * length * length >= SPIRAL_AS_ARC:
+            return m.group(0)
+        c = 0.5 * (c0 + c1)
+        road = last_before(roads, m.start()).get("id", "?")
+        rewritten.append(f"road {road} geometry s={float(g.get('s', 'nan')):.2f} (curvature {c:.4g})")
+        return "<line/>" if abs(c) < STRAIGHT_CURVATURE else f'<arc curvature="{c!r}"/>'
+
+    return _SPIRAL.sub(repl, text), rewritten
+
+
 def parse_carla_map(text: str, name: str, source: str):
     """``carla.Map(name, text)`` with the parser's exceptions as a MapError naming ``source``."""
     carla = _import_carla()
@@ -70,6 +134,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     (:func:`drivemind.maps.validate.drop_broken_successors`)."""
     source = source or f"<OpenDRIVE text for {name}>"
     _check_opendrive_text(text, source)
+    text, arcs = constant_spirals_as_arcs(text)
     if native_check:
         from .native_check import check_text
 
@@ -81,7 +146,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
 
     dropped = drop_broken_successors(records)
     if validate:
-        warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped)
+        warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 

@@ -8,6 +8,7 @@ length, junctions with no connecting lanes. :func:`find_issues` lists them; :fun
 
 from __future__ import annotations
 
+import math
 import warnings
 import xml.etree.ElementTree as ET
 
@@ -16,6 +17,8 @@ import numpy as np
 ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
 FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start: warned
 BROKEN_SUCCESSOR = 2.5  # m: a link this far is dropped (a vehicle or route following it would jump)
+TURNS_BACK = 120.0  # degrees between one sample step of a centre line and the next: it reverses
+JUMP = 4.0  # a sample step this many times the median step: the centre line leaps
 MAX_NAMED = 8  # ids named per warning, then "and N more"
 
 
@@ -69,13 +72,34 @@ def _link(a, b, gap: float) -> str:
     return f"{_lane(a)} -> {_lane(b)} ({gap:.1f} m)"
 
 
+def broken_centre_line(points, max_turn_deg: float = TURNS_BACK) -> bool:
+    """A centre line that reverses or leaps: two consecutive steps between its points more than
+    ``max_turn_deg`` apart in heading (a lane's sample steps are 0.5 m; the tightest real turn
+    changes heading by a few degrees per step), or one step over ``JUMP`` times the median step
+    and over 1 m (the parser skipped a piece of road it could not place). Broken geometry, not a
+    road. Steps under 5 cm (the parser's last sample can land a few micrometres from the one
+    before) carry no heading and are left out."""
+    d = np.diff(np.asarray(points, float).reshape(-1, 2), axis=0)
+    n = np.hypot(*d.T) if len(d) else np.zeros(0)
+    d, n = d[n >= 0.05], n[n >= 0.05]
+    if len(d) < 2:
+        return False
+    if n.max() > max(JUMP * float(np.median(n)), 1.0):
+        return True
+    cos = (d[1:] * d[:-1]).sum(1) / np.maximum(n[1:] * n[:-1], 1e-12)
+    return bool((cos < math.cos(math.radians(max_turn_deg))).any())
+
+
 def find_issues(records, text: str | None = None, short: dict | None = None,
-                dropped: list[str] | None = None) -> dict[str, list[str]]:
+                dropped: list[str] | None = None, arcs: list[str] | None = None
+                ) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
-    dropped" (``dropped``, from :func:`drop_broken_successors`) and "junctions without connecting
-    lanes" (only kinds with findings).
+    dropped" (``dropped``, from :func:`drop_broken_successors`), "spirals of constant curvature
+    read as arcs" (``arcs``, from :func:`drivemind.maps.opendrive.constant_spirals_as_arcs`),
+    "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`) and "junctions without
+    connecting lanes" (only kinds with findings).
 
     ``records``: the loader's lane records; ``short``: lanes it spliced out for being shorter than
     one sample step, with their length (``{key: metres}``); ``text``: the OpenDRIVE XML."""
@@ -83,6 +107,13 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     if dropped:
         issues[f"successor links dropped, each starting over {BROKEN_SUCCESSOR} m from the lane's end "
                f"(traffic and routes would jump there)"] = list(dropped)
+    if arcs:
+        issues["spirals of constant curvature read as arcs (the CARLA parser draws them as straight "
+               "lines, and the lanes after them jump back)"] = list(arcs)
+    back = [_lane(r.key) for r in records if broken_centre_line(r.points)]
+    if back:
+        issues["lanes whose centre line jumps or turns back (broken geometry: traffic on them "
+               "jumps or overlaps)"] = back
     short = short or {}
     zero = [r.key for r in records if _length(r.points) < ZERO_LENGTH]
     zero += [k for k, length in short.items() if length < ZERO_LENGTH]
@@ -158,9 +189,10 @@ def _has_driving(root, connections) -> bool:
 
 
 def warn_issues(records, text: str | None, where: str, short: dict | None = None,
-                dropped: list[str] | None = None) -> dict[str, list[str]]:
+                dropped: list[str] | None = None, arcs: list[str] | None = None
+                ) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
-    issues = find_issues(records, text, short, dropped)
+    issues = find_issues(records, text, short, dropped, arcs)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)
