@@ -67,6 +67,31 @@ def test_corridor_measures():
         corridor_lead(route, tr.idx, tr.s, x0, y0, actors, 2.4, 1.05, measure="middle")
 
 
+def test_parallel_reach_counts_a_car_in_the_next_3m_lane_by_its_half_width():
+    """A car standing 3.0 m to the side (the next lane where lanes are 3 m wide), heading along the
+    route or against it, is in the corridor with the 0.6 m cut-in allowance (1.05 + 0.5 + 1.0 +
+    0.6 > 3) and not with ``parallel_reach``; turned 30 degrees towards us it is in both."""
+    rm = load_town("avenue")
+    lane, route = _straight(rm)
+    x0, y0, yaw = rm.pose_at(lane, 10.0)
+    ax, ay, ayaw = rm.pose_at(lane, 30.0)
+    side = np.array([-math.sin(ayaw), math.cos(ayaw)])  # 3 m to the left of the lane's centre
+    tr = RouteTracker(route)
+    tr.update(x0, y0, yaw)
+
+    def lead(heading, **kw):
+        act = Actors(np.arange(1), np.full(1, int(ActorClass.CAR), np.int8),
+                     np.array([[ax, ay]]) + 3.0 * side, np.array([heading]), np.array([[2.3, 1.0]]),
+                     np.zeros((1, 2)))
+        return corridor_lead(route, tr.idx, tr.s, x0, y0, act, 2.4, 1.05, measure="entry", **kw)
+
+    for heading in (ayaw, ayaw + math.pi):  # along the route, or oncoming
+        assert lead(heading)[1] == 0
+        assert lead(heading, parallel_reach=True) == (math.inf, -1)
+    turned = ayaw - math.radians(30)  # nose towards our lane
+    assert lead(turned)[1] == 0 and lead(turned, parallel_reach=True)[1] == 0
+
+
 def test_autopilot_uses_the_shared_tracking():
     """The autopilot's stops are route_stops of the snapshot's lights, so it also stops at lights
     on a backend without a lane -> light table (lane_light None), and its position is the

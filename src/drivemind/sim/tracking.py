@@ -18,6 +18,7 @@ from .snapshot import Actors, TrafficLights
 
 LOCATE_BACK, LOCATE_AHEAD = 5, 60  # route points searched around the last position (1 m apart)
 SAME_CROSSING = 10.0  # m: stops of one light closer than this along a route are one crossing
+PARALLEL_DEG = 10.0  # an actor this close to the route's heading (either way) drives along it
 
 
 def route_stops(route: Route, lights: TrafficLights, *, max_dist: float = 1.5,
@@ -76,7 +77,7 @@ def next_stop(stops: list[tuple[float, int]], s: float, offset: float = 0.0,
 def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, actors: Actors,
                   ego_half_length: float, ego_half_width: float, horizon: float = 50.0,
                   margin: float = 0.5, *, search: float | None = None, measure: str = "centre",
-                  ignore: int = -1):
+                  ignore: int = -1, parallel_reach: bool = False):
     """Nearest actor in the ego's corridor along the route ahead: ``(gap m, index)``, or
     ``(inf, -1)``. Actors beside the ego (not ahead of its front) are ignored.
 
@@ -91,6 +92,13 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     - ``"entry"`` (the autopilot's, cautious): at the first route point where its box reaches
       into the corridor, less its half length: shorter than bumper to bumper by about the
       corridor's half width, a margin the autopilot keeps for actors cutting in.
+
+    An actor's lateral reach is the smaller of its half length and its half width plus 0.6 m
+    (it may be turning in). With ``parallel_reach`` an actor heading along the route, either way
+    (within ``PARALLEL_DEG`` of the route's heading at the nearest point), reaches by its half
+    width only: a car standing in the next lane is not in our way, also where lanes are 3 m wide
+    (with the allowance it was: 1 m + 0.5 m + 1 m + 0.6 m > 3 m); once it turns in it is
+    counted with the allowance again.
     """
     if measure not in ("centre", "entry"):
         raise ValueError(f"corridor_lead: unknown measure {measure!r}; valid: 'centre', 'entry'")
@@ -108,7 +116,12 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     if len(pts) == 0:
         return math.inf, -1
     d = np.hypot(pts[None, :, 0] - pos[near, None, 0], pts[None, :, 1] - pos[near, None, 1])
-    reach = np.minimum(ext[near, 0], ext[near, 1] + 0.6)  # lateral reach of the other box
+    allowance = np.full(len(near), 0.6)
+    if parallel_reach:
+        j = np.argmin(d, axis=1)
+        dyaw = actors.yaw[near] - route.yaw[idx + j]
+        allowance[np.abs(np.cos(dyaw)) >= math.cos(math.radians(PARALLEL_DEG))] = 0.0
+    reach = np.minimum(ext[near, 0], ext[near, 1] + allowance)  # lateral reach of the other box
     hit = d < (reach + ego_half_width + margin)[:, None]
     best, who = math.inf, -1
     for a in np.flatnonzero(hit.any(axis=1)):
