@@ -30,6 +30,21 @@ def test_env_imports_and_steps_without_the_vlm_package():
     assert not [m for m in mods if m == "drivemind.vlm" or m.startswith("drivemind.vlm.")], mods
 
 
+def test_settings_are_checked_without_the_learning_stack():
+    """The checks that run before a run starts (a Hydra callback) load neither torch nor SB3, so a
+    rejected setting is reported in a second or two, not after the learning stack's imports; a
+    guidance setting (checked by the torch-free agents.guidance_config) included."""
+    mods = _modules_after(
+        "from drivemind.training import config_problems\n"
+        "p = config_problems({'algo': {'name': 'sac', 'batch_size': 0, 'guidance': 'telepathy'}})\n"
+        "assert any('algo.batch_size=0' in x for x in p) and any('algo.guidance' in x for x in p), p\n")
+    assert "drivemind.training.validate" in mods and "drivemind.agents.guidance_config" in mods
+    assert not [m for m in mods if m in ("torch", "stable_baselines3", "drivemind.agents.guidance")], mods
+    from drivemind.agents import DriveSAC  # the package's names still load, on first use
+    from drivemind.agents.sac import DriveSAC as direct
+    assert DriveSAC is direct
+
+
 def test_reward_service_lives_below_agents_and_rewards():
     mods = _modules_after("import drivemind.reward_service")
     assert not [m for m in mods if m.startswith(("drivemind.agents", "drivemind.rewards"))], mods

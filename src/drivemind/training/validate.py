@@ -217,7 +217,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
 
 def _check_guidance(c: _Checker) -> None:
     """algo.guidance / algo.guidance_kwargs (Found-RL's action guidance, agents/guidance.py)."""
-    from ..agents.guidance import MODES, GuidanceConfig
+    from ..agents.guidance_config import MODES, GuidanceConfig
 
     mode = _get(c.cfg, "algo.guidance")
     if mode is _MISSING or mode is None:
