@@ -334,6 +334,22 @@ def test_resume_with_changed_obs_fails_clearly(ppo_run, tmp_path):
     assert latest_checkpoint(run_dir)["steps"] == 128  # nothing was overwritten
 
 
+def test_evaluate_run_refuses_other_observations_before_any_route(sac_run, tmp_path):
+    """A run whose config no longer gives the checkpoint's observations (here its BEV size edited)
+    stops with the compatibility error from the evaluation's own env, before any route runs or
+    any report is written."""
+    from drivemind.training.evaluate import evaluate_run
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(sac_run[0], run_dir)
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["obs"]["bev"]["size"] = 40
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ValueError, match=f"(?s){run_dir}.*trained on observations"):
+        evaluate_run(run_dir, routes=[0], video_route=None, progress=False, device="cpu")
+    assert not (run_dir / "eval").exists()
+
+
 def test_load_policy_checks_env(sac_run):
     from drivemind.envs import DriveEnv
     from drivemind.training.evaluate import check_policy_env, load_policy

@@ -73,9 +73,11 @@ def evaluate(policy: Callable | str, *, town: str, density: str, out_dir,
              env_kwargs: dict | None = None, routes: Sequence[int] | None = None,
              video_route: int | None = 0, video_masks: bool = True,
              max_steps_per_route: int | None = None, progress: bool = True,
-             meta: dict | None = None) -> dict:
+             meta: dict | None = None, check_env: Callable | None = None) -> dict:
     """Run ``policy`` on the fixed routes of ``town`` at ``density`` (all 10 by default), write
     the reports (and ``route_<video_route>.gif`` unless ``video_route`` is None) to ``out_dir``.
+    ``check_env(env)``, if given, runs on the evaluation env before any route (a policy's
+    observation check: its error then comes before any work, from the one env built).
 
     Returns ``{"metrics": dict, "records": [EpisodeRecord], "files": {name: Path}}``; ``files``
     holds json, csv, md, png (see ``write_reports``) and video when one was written.
@@ -95,6 +97,8 @@ def evaluate(policy: Callable | str, *, town: str, density: str, out_dir,
     out = Path(out_dir)
     env = DriveEnv(town, density, mode="eval", render_mode="rgb_array", **env_kwargs)
     try:
+        if check_env is not None:
+            check_env(env)
         n = len(env.eval_route_list)
         routes = list(range(n)) if routes is None else [int(i) for i in routes]
         bad = [i for i in routes if not 0 <= i < n]

@@ -97,7 +97,6 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     server for a policy trained on the embedded sim); reports go to ``<run>/eval/<town>-<density>``
     (:func:`eval_folder`) unless ``out_dir``. ``kwargs`` go to :func:`drivemind.evaluation.evaluate`. Returns its result
     plus ``out`` (the report folder)."""
-    from ..envs import DriveEnv
     from ..evaluation import evaluate
     from .build import env_kwargs
 
@@ -112,13 +111,11 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     if not sim:  # a study run from before a traffic setting existed: the old world
         cfg = study_world(cfg)
     kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path"), **({"sim": sim} if sim else {})})
-    probe = DriveEnv(town, density, mode="eval", **kw)  # a clear error before any route runs
-    try:
-        check_policy_env(policy, probe.observation_space, run_dir)
-    finally:
-        probe.close()
     out = Path(out_dir) if out_dir else run_dir / "eval" / eval_folder(town, density)
     res = evaluate(policy, town=town, density=density, out_dir=out, env_kwargs=kw,
                    meta={"run": str(run_dir), "checkpoint": checkpoint, "policy": run_dir.name,
-                         **(meta or {})}, **kwargs)
+                         **(meta or {})},
+                   # a clear error before any route runs, from the evaluation's own env
+                   check_env=lambda env: check_policy_env(policy, env.observation_space, run_dir),
+                   **kwargs)
     return {**res, "out": out}
