@@ -174,6 +174,22 @@ def test_experiment_fast_trains_within_a_wall_time_budget(tmp_path):
     assert "wall_s" in rows[0] and "task_return" in rows[0] and len(rows) > 1
 
 
+def test_bench_train_times_the_cnn_path_where_a_preset_has_no_encoder_weights(monkeypatch, tmp_path):
+    """`bench.py train --bev roach`: no fast-path encoder is shipped for that preset, so the
+    benchmark times DriveSAC's CNN path against stock SB3 and says why the fast path is missing
+    (it stopped with the missing-weights error before)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no user checkpoint in the way
+    monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
+    bench = load_script("bench")
+    res = bench.main(["train", "--town", "grid", "--density", "empty", "--bev", "roach", "--batch-size", "8",
+                      "--buffer-size", "200", "--warmup", "20", "--steps", "5", "--rounds", "1",
+                      "--threads", "1"])
+    assert res["bev"] == [15, 192, 192] and res["device"] == "cpu"
+    assert res["steps_per_s"] > 0 and res["sb3_steps_per_s"] > 0
+    assert res["fast_steps_per_s"] is None and "bev_encoder_roach.pt" in res["fast_skipped"]
+    assert set(res["rounds"]) == {"drivemind", "sb3"}
+
+
 def test_bench_learn_prints_the_figures(tmp_path, capsys):
     bench = load_script("bench")
     res = bench.main(["learn", "--town", "grid", "--density", "empty", "--minutes", "0.03",
