@@ -20,6 +20,7 @@ the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import lzma
 import math
@@ -84,20 +85,17 @@ def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
     if "<spiral" not in text:
         return text, []
     rewritten: list[str] = []
-    geoms = [(m.start(), _attrs(m.group(0))) for m in _GEOMETRY.finditer(text)]
-    roads = [(m.start(), _attrs(m.group(0))) for m in _ROAD.finditer(text)]
+    geoms = [(m.start(), m.group(0)) for m in _GEOMETRY.finditer(text)]
+    roads = [(m.start(), m.group(0)) for m in _ROAD.finditer(text)]
+    geom_at, road_at = [at for at, _ in geoms], [at for at, _ in roads]
 
-    def last_before(items, pos):
-        found = {}
-        for at, attrs in items:
-            if at > pos:
-                break
-            found = attrs
-        return found
+    def last_before(items, starts, pos):  # the attributes of the last tag opened before pos
+        k = bisect.bisect_right(starts, pos) - 1
+        return _attrs(items[k][1]) if k >= 0 else {}
 
     def repl(m: re.Match) -> str:
         a = _attrs(m.group(1))
-        g = last_before(geoms, m.start())
+        g = last_before(geoms, geom_at, m.start())
         try:
             c0, c1 = float(a["curvStart"]), float(a["curvEnd"])
             length = float(g.get("length", "nan"))
@@ -107,7 +105,7 @@ def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
                 or abs(c1 - c0) * length * length >= SPIRAL_AS_ARC:
             return m.group(0)
         c = 0.5 * (c0 + c1)
-        road = last_before(roads, m.start()).get("id", "?")
+        road = last_before(roads, road_at, m.start()).get("id", "?")
         rewritten.append(f"road {road} geometry s={float(g.get('s', 'nan')):.2f} (curvature {c:.4g})")
         return "<line/>" if abs(c) < STRAIGHT_CURVATURE else f'<arc curvature="{c!r}"/>'
 
