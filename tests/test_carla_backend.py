@@ -532,24 +532,20 @@ def test_env_with_sim_carla_matches_sim_lite_step_for_step(carla_env):
 def test_hydra_sim_carla_trains_and_survives_a_lost_server(server, monkeypatch, tmp_path):
     """`sim=carla` through the real Hydra configs and the training loop (tiny SAC), with the
     doubled server dying once mid-run: the run finishes, the server is left clean."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra_config import config
 
     from drivemind.training import train
     from drivemind.training.build import env_kwargs
 
     api = make_api(server)
     monkeypatch.setattr(backend_mod, "default_api", lambda: api)
-    repo = __import__("pathlib").Path(__file__).resolve().parents[1]
-    with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[
+    cfg = config(
             "sim=carla", "sim.carla.port=2100", "sim.carla.reconnect_wait=0", "density=regular",
             "logger=quiet", "progress_bar=false", "obs.bev.size=48", "obs.features=null",
             "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
             "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=30", "log_interval=1",
             "algo.learning_starts=30", "algo.batch_size=8", "algo.buffer_size=200",
-            "total_timesteps=50", "checkpoint_every=0", "torch_threads=1"])
-    cfg = OmegaConf.to_container(cfg, resolve=True)
+            "total_timesteps=50", "checkpoint_every=0", "torch_threads=1")
     kw = env_kwargs(cfg)
     assert kw["backend"] == "carla" and kw["carla"]["port"] == 2100
     assert "carla" not in (kw["sim"] or {})

