@@ -1,11 +1,23 @@
 """Shared fixtures: the real CARLA towns shipped with the package (``drivemind/maps/data``), one torch
-thread per test module, and the real MiniLM text encoder."""
+thread per test module, and the real MiniLM text encoder; each xdist worker's share of the cores."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The suite runs one pytest-xdist worker per core (pyproject's addopts). Each worker's OpenMP pool
+# (torch) gets its share of the cores, so two workers on two cores do not run four threads; a test
+# that sets its own thread count still does, and subprocesses inherit the share. Set before any
+# test module imports torch.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+if _WORKERS > 1:
+    _share = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, _share)
+
 
 @pytest.fixture(scope="session")
 def shared_maps(tmp_path_factory) -> Path:
