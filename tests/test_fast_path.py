@@ -322,3 +322,43 @@ def test_the_labeller_reads_the_buffer_stats_on_the_first_round_and_every_64th()
     assert len(reads) == 2 and later != first
     assert sum(v for k, v in later.items() if k in ("buffer/pending", "buffer/labelled",
                                                      "buffer/invalid")) == 1
+
+
+def test_the_actor_step_leaves_the_critic_weights_out_of_its_graph_and_updates_as_before(tmp_path):
+    """The actor's loss reads the critic through ``q_for_actor``: no gradient reaches the critic
+    heads' weights from it (a hook counts one gradient per critic step, not two), and three
+    gradient steps give exactly the parameters they gave when the actor's backward also computed
+    the critic's weight gradients (``q_from_features``, the old path)."""
+    from stable_baselines3.common.logger import Logger
+
+    from drivemind.agents import sac as sac_module
+    from drivemind.training.callbacks import latest_checkpoint
+
+    cfg = config("experiment=fast", "town=grid", "logger=quiet", "progress_bar=false",
+                 "total_timesteps=120", "algo.learning_starts=60", "algo.batch_size=16",
+                 "algo.buffer_size=1000", "+env.max_episode_steps=40")
+    run = tmp_path / "run"
+    train(cfg, run)
+    ckpt = latest_checkpoint(run)
+
+    def three_steps(q_actor):
+        m = DriveSAC.load(ckpt["model"], reward_fn=make_reward("drivemind_kinematic"))
+        m.load_replay_buffer(ckpt["buffer"])
+        m.set_logger(Logger(folder=None, output_formats=[]))
+        m.set_random_seed(7)
+        calls = []
+        head = m.critic.q_networks[0][0].weight
+        handle = head.register_hook(lambda g: calls.append(1))
+        orig, sac_module.q_for_actor = sac_module.q_for_actor, q_actor
+        try:
+            m.train(gradient_steps=3, batch_size=16)
+        finally:
+            sac_module.q_for_actor = orig
+            handle.remove()
+        return len(calls), [p.detach().clone() for p in m.policy.parameters()]
+
+    calls_new, params_new = three_steps(sac_module.q_for_actor)
+    calls_old, params_old = three_steps(sac_module.q_from_features)
+    assert (calls_new, calls_old) == (3, 6)  # one gradient per critic step; the old path: two
+    assert len(params_new) == len(params_old)
+    assert all(th.equal(a, b) for a, b in zip(params_new, params_old))

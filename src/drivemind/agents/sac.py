@@ -129,6 +129,23 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
     return th.cat([q(x) for q in critic.q_networks], dim=1)
 
 
+def q_for_actor(critic, features: th.Tensor, actions: th.Tensor) -> th.Tensor:
+    """:func:`q_from_features` for the actor's loss: its graph reaches ``actions`` but not the
+    critic heads' weights, so the actor's backward skips the heads' weight gradients (about a
+    fifth of the actor step's time at 256-256 heads, batch 256). The updates stay the same bit for
+    bit: the critic's optimizer zeroes its gradients before every critic loss, so what the actor's
+    backward used to add there was never read."""
+    params = [p for q in critic.q_networks for p in q.parameters()]
+    flags = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        return q_from_features(critic, features, actions)
+    finally:
+        for p, flag in zip(params, flags):
+            p.requires_grad_(flag)
+
+
 def replay_settings(reward_fn, labeller, replay_buffer_class, replay_buffer_kwargs, policy_kwargs,
                     gamma: float = 0.99, guidance=None):
     """The replay buffer class and kwargs for ``reward_fn``: ``RelabelReplayBuffer`` by default,
@@ -345,7 +362,7 @@ class DriveSAC(SAC):
             self.critic.optimizer.step()
 
             # actor on detached features (the critic heads are not stepped by this loss)
-            q_pi = q_from_features(self.critic, features.detach(), actions_pi)
+            q_pi = q_for_actor(self.critic, features.detach(), actions_pi)
             actor_loss = (ent_coef * log_prob - th.min(q_pi, dim=1, keepdim=True)[0]).mean()
             if guide is not None and guide.use_awag:  # Found-RL Eq. 19-23
                 f = features.detach()
