@@ -160,6 +160,34 @@ def test_fixed_routes_seeded_and_checked_against_the_map(tmp_path):
     assert map_fingerprint(grid) != map_fingerprint(avenue)
 
 
+def test_route_files_written_at_once_by_many_writers_stay_whole(tmp_path):
+    """Parallel evaluations and test workers create the same cached route file at once: every
+    write goes through a temporary file of its own, so none fails on another's rename and the
+    file is always one writer's whole text, with no temporary file left behind."""
+    import threading
+
+    path = tmp_path / "routes" / "Town99-abc.json"
+    specs = [{"map_fingerprint": f"w{i}", "routes": [{"n": j} for j in range(200)]} for i in range(8)]
+    errors = []
+
+    def writer(spec):
+        try:
+            for _ in range(25):
+                write_routes(spec, path)
+                json.loads(path.read_text())  # never half-written
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(s,)) for s in specs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(path.read_text()) in specs
+    assert [f.name for f in path.parent.iterdir()] == [path.name]
+
+
 def test_shipped_route_files_match_their_maps():
     from drivemind.envs.routes import SHIPPED
     files = sorted(SHIPPED.glob("*.json"))

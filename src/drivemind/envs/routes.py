@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +114,16 @@ def _fingerprint_of(p: Path):
 
 
 def write_routes(spec: dict, path: str | os.PathLike) -> Path:
+    """Write a route file atomically: through a temporary file of this process's own in the same
+    folder, so processes creating the same cache file at once (parallel evaluations, test
+    workers) each replace it whole and none finds the other's half-written file."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(json.dumps(spec, indent=1) + "\n")
-    tmp.replace(p)
+    tmp = p.with_name(f"{p.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        tmp.write_text(json.dumps(spec, indent=1) + "\n")
+        tmp.replace(p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return p
