@@ -478,6 +478,17 @@ def test_results_page_tables_are_filled_from_the_report_and_nothing_else_changes
     assert next(line for line in lines if line.startswith("| tirl | ")).count("pending") == 6
     heldout = next(line for line in lines if line.startswith("| drivemind | ") and "/3" not in line)
     assert "pending" in heldout and "0.10" in heldout  # Town01 dense: seeds 0/1/2 arrive on 0/1/2 of 10
+    # the status block counts the same picks: Table 1 has drivemind 3/3 and chen 2/3 (a failed seed
+    # is not done) of its 15 rewards x 3 seeds, Table 2 NoAICR 3/3, nothing else is done
+    progress = {c[0]: c[1:] for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines
+                                      if line.startswith(("| Table ", "| PPO |", "| Found-RL")))}
+    n1 = len(load_script("report").study_spec()["table1"]["rewards"])
+    t1 = progress["Table 1 (SAC)"]
+    assert t1[:2] == [f"5 / {3 * n1}", f"1 / {n1}"] and "chen 2/3" in t1[2] and "tirl 0/3" in t1[2]
+    assert "drivemind" not in t1[2]
+    assert progress["Table 2 (SAC; its Full row is Table 1's `drivemind`)"] == ["3 / 9", "1 / 3", "NoHVFR 0/3, NoPCFM 0/3"]
+    assert progress["Found-RL guidance (`algo.guidance=both`)"] == ["0 / 3", "0 / 1", "found_rl_clip 0/3"]
+    assert progress["PPO"][0].startswith("0 / ")
     page.write_text("no markers here\n")
     with pytest.raises(ValueError, match="table1.*put `<!-- report:NAME -->`"):
         fill(page.read_text(), render_blocks(build_report(find_runs([a, b])), load_script("report").study_spec()))

@@ -13,7 +13,10 @@ rest of the page (protocol, commands, findings) is left as it is. Blocks:
 - ``guidance``: ``found_rl_clip`` with SAC, ``algo.guidance=none`` (Table 1's row) and ``both``;
 - ``contrasts``: the papers' orderings as differences between two methods (``CONTRASTS``), each
   with a 95 % hierarchical bootstrap interval over seeds and routes
-  (:mod:`drivemind.evaluation.contrasts`), on the training town and pooled over the held-out towns.
+  (:mod:`drivemind.evaluation.contrasts`), on the training town and pooled over the held-out towns;
+- ``progress``: per table, the runs done against the protocol's methods x seeds, the methods with
+  every seed, and the ones still short (from the same picks as the tables, so the page's status
+  never disagrees with them).
 
 A method is picked by reward, ablation and algorithm, and, for every other key that splits the
 report's methods (``algo.guidance``, ``algo.batch_size``, ...), by the protocol's value of that
@@ -30,7 +33,7 @@ from .contrasts import contrast, format_interval
 from .published import DM_T1, DM_T2, published_for
 from .report import METRIC_COLUMNS, _table
 
-BLOCKS = ("table1", "table2", "ppo", "heldout", "guidance", "contrasts")
+BLOCKS = ("progress", "table1", "table2", "ppo", "heldout", "guidance", "contrasts")
 ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
              ("hvfr", "NoHVFR (`hvfr`)"), ("pcfm", "NoPCFM (`pcfm`)"))
 _MISSING = object()
@@ -148,6 +151,29 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
         body.append([label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6)])
     out["guidance"] = _table(["found_rl_clip, SAC", "seeds", *head6], body)
     out["contrasts"] = contrast_table(report, t1)
+
+    groups = (
+        ("Table 1 (SAC)", t1["seeds"],
+         [(rew, pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density))
+          for rew in t1["rewards"]]),
+        ("Table 2 (SAC; its Full row is Table 1's `drivemind`)", t1["seeds"],
+         [(label.split(" ")[0], pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac",
+                                     town=town, density=density)) for ab, label in ABLATIONS[1:]]),
+        ("PPO", ppo["seeds"],
+         [(rew, pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity))
+          for rew in ppo["rewards"]]),
+        ("Found-RL guidance (`algo.guidance=both`)", t1["seeds"],
+         [("found_rl_clip", pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town,
+                                 density=density, overrides={"algo.guidance": "both"}))]),
+    )
+    body = []
+    for name, n, methods in groups:
+        have = [(m, min(r["n"] if r else 0, n)) for m, r in methods]
+        short = [f"{m} {k}/{n}" for m, k in have if k < n]
+        body.append([name, f"{sum(k for _, k in have)} / {n * len(have)}",
+                     f"{sum(k == n for _, k in have)} / {len(have)}", ", ".join(short) or "none"])
+    out["progress"] = _table(["table", "runs done / planned", "methods with every seed",
+                              "still short of seeds"], body)
     return {k: "\n".join(v) for k, v in out.items()}
 
 
