@@ -486,7 +486,8 @@ def test_results_page_tables_are_filled_from_the_report_and_nothing_else_changes
     t1 = progress["Table 1 (SAC)"]
     assert t1[:2] == [f"5 / {3 * n1}", f"1 / {n1}"] and "chen 2/3" in t1[2] and "tirl 0/3" in t1[2]
     assert "drivemind" not in t1[2]
-    assert progress["Table 2 (SAC; its Full row is Table 1's `drivemind`)"] == ["3 / 9", "1 / 3", "NoHVFR 0/3, NoPCFM 0/3"]
+    assert progress["Table 2 (SAC; its Full row is Table 1's `drivemind`)"] == \
+        ["3 / 9", "1 / 3", "NoHVFR 0/3, NoPCFM 0/3"]
     assert progress["Found-RL guidance (`algo.guidance=both`)"] == ["0 / 3", "0 / 1", "found_rl_clip 0/3"]
     assert progress["PPO"][0].startswith("0 / ")
     page.write_text("no markers here\n")
