@@ -6,6 +6,8 @@ Two roots, as they have always been (one would move files users already have):
   (``routes/``) and the verdicts of the native map check (``map-check/``).
 - :func:`weights_cache_dir`: ``$XDG_CACHE_HOME/drivemind`` or ``~/.cache/drivemind``: weights the
   training scripts write and the loaders search (BEV-CLIP towers, the frozen BEV encoder).
+
+:func:`write_text_atomic` writes such files (and a run's checkpoint index) whole.
 """
 
 from __future__ import annotations
@@ -21,6 +23,24 @@ def cache_dir() -> Path:
 def weights_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "drivemind"
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` whole: through a temporary file of this writer's own in the same
+    folder (pid and a random suffix), renamed over ``path``. A kill mid-write leaves the old file;
+    writers of the same file at once (parallel evaluations, test workers sharing the cache) each
+    replace it whole, and none fails on another's rename or reads half a file."""
+    import uuid
+
+    p = Path(path)
+    tmp = p.with_name(f"{p.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p
 
 
 def code_version() -> dict:

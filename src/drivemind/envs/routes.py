@@ -14,13 +14,12 @@ import hashlib
 import json
 import logging
 import os
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..paths import cache_dir
+from ..paths import cache_dir, write_text_atomic
 from ..maps.routing import Route, RouteError, plan_route, random_route
 
 log = logging.getLogger(__name__)
@@ -114,16 +113,8 @@ def _fingerprint_of(p: Path):
 
 
 def write_routes(spec: dict, path: str | os.PathLike) -> Path:
-    """Write a route file atomically: through a temporary file of this process's own in the same
-    folder, so processes creating the same cache file at once (parallel evaluations, test
-    workers) each replace it whole and none finds the other's half-written file."""
+    """Write a route file whole (:func:`drivemind.paths.write_text_atomic`): processes creating
+    the same cache file at once (parallel evaluations, test workers) each replace it whole."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f"{p.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        tmp.write_text(json.dumps(spec, indent=1) + "\n")
-        tmp.replace(p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return p
+    return write_text_atomic(p, json.dumps(spec, indent=1) + "\n")

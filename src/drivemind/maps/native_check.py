@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from .. import paths
@@ -137,10 +136,7 @@ def _write_cached(key: str, verdict: dict) -> None:
     d = cache_dir()
     try:
         d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            json.dump(verdict, fh)
-        os.replace(tmp, d / f"{key}.json")
+        paths.write_text_atomic(d / f"{key}.json", json.dumps(verdict))
     except OSError as exc:  # a read-only home: the check just runs again next time
         log.debug("could not cache the map-check verdict in %s: %s", d, exc)
 

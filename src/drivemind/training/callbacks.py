@@ -14,14 +14,9 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from ..evaluation import EpisodeAccumulator, compute_metrics
+from ..paths import write_text_atomic
 
 LATEST = "latest.json"
-
-
-def _atomic_write(path: Path, text: str):
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def save_checkpoint(model, ckpt_dir: Path, with_buffer: bool = True, keep: int = 2,
@@ -42,7 +37,7 @@ def save_checkpoint(model, ckpt_dir: Path, with_buffer: bool = True, keep: int =
         tmp = ckpt_dir / f".buffer_{n}.pkl"
         model.save_replay_buffer(tmp)
         os.replace(tmp, ckpt_dir / entry["buffer"])
-    _atomic_write(ckpt_dir / LATEST, json.dumps(entry))
+    write_text_atomic(ckpt_dir / LATEST, json.dumps(entry))
     # prune older checkpoints (never the one just written: stale files from an earlier run in the
     # same directory may carry higher step counts)
     steps = sorted({int(p.stem.split("_")[1]) for p in ckpt_dir.glob("model_*.zip")} - {n})
