@@ -106,31 +106,34 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
     rows = report["rows"]
     t1, ppo = spec["table1"], spec["ppo"]
     town, density = t1["train"]
+    ptown, pdensity = ppo["train"]
     keys6 = ("AS", "RC", "TD", "CS", "SR", "CR")
     head6 = [METRIC_COLUMNS[k][0] for k in keys6]
     out = {}
+    # each table's methods on its training town, picked once for its block and for ``progress``
+    sac = [(rew, pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density))
+           for rew in t1["rewards"]]
+    ablations = [(ab, label, pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac",
+                                  town=town, density=density)) for ab, label in ABLATIONS]
+    on_policy = [(rew, pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity))
+                 for rew in ppo["rewards"]]
+    guided = [(label, pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town,
+                           density=density, overrides={"algo.guidance": g}))
+              for g, label in (("none", "`algo.guidance=none` (Table 1's `found_rl_clip`)"),
+                               ("both", "`algo.guidance=both` (VMR + AWAG, privileged teacher stand-in)"))]
 
-    body = []
-    for rew in t1["rewards"]:
-        r = pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density)
-        body.append([rew, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6),
-                     _paper(rew, "sac", town, density, ("AS", "RC", "TD", "CS", "SR"), source=DM_T1)])
+    body = [[rew, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6),
+             _paper(rew, "sac", town, density, ("AS", "RC", "TD", "CS", "SR"), source=DM_T1)] for rew, r in sac]
     out["table1"] = _table(["method", "seeds", *head6, "paper: AS / RC / TD / CS / SR (DriveMind Table 1)"], body)
 
-    body = []
     keys5 = ("AS", "RC", "CS", "SR", "CR")
-    for ab, label in ABLATIONS:
-        r = pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac", town=town, density=density)
-        body.append([label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys5),
-                     _paper("drivemind", "sac", town, density, ("AS", "RC", "CS", "SR"), ablate=ab, source=DM_T2)])
+    body = [[label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys5),
+             _paper("drivemind", "sac", town, density, ("AS", "RC", "CS", "SR"), ablate=ab, source=DM_T2)]
+            for ab, label, r in ablations]
     out["table2"] = _table(["variant", "seeds", *(METRIC_COLUMNS[k][0] for k in keys5),
                             "paper: AS / RC / CS / SR (DriveMind Table 2)"], body)
 
-    body = []
-    ptown, pdensity = ppo["train"]
-    for rew in ppo["rewards"]:
-        r = pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity)
-        body.append([rew, _seeds(r, ppo["seeds"]), *(_cell(r, k) for k in keys6)])
+    body = [[rew, _seeds(r, ppo["seeds"]), *(_cell(r, k) for k in keys6)] for rew, r in on_policy]
     out["ppo"] = _table(["method", "seeds", *head6], body)
 
     evals = t1["evals"]
@@ -143,29 +146,15 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
         body.append([rew, *cells])
     out["heldout"] = _table(["method", *(f"{t} {d}" for t, d in evals)], body)
 
-    body = []
-    for g, label in (("none", "`algo.guidance=none` (Table 1's `found_rl_clip`)"),
-                     ("both", "`algo.guidance=both` (VMR + AWAG, privileged teacher stand-in)")):
-        r = pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town, density=density,
-                 overrides={"algo.guidance": g})
-        body.append([label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6)])
+    body = [[label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6)] for label, r in guided]
     out["guidance"] = _table(["found_rl_clip, SAC", "seeds", *head6], body)
     out["contrasts"] = contrast_table(report, t1)
 
-    groups = (
-        ("Table 1 (SAC)", t1["seeds"],
-         [(rew, pick(rows, t1["protocol"], reward=rew, algo="sac", town=town, density=density))
-          for rew in t1["rewards"]]),
-        ("Table 2 (SAC; its Full row is Table 1's `drivemind`)", t1["seeds"],
-         [(label.split(" ")[0], pick(rows, t1["protocol"], reward="drivemind", ablate=ab, algo="sac",
-                                     town=town, density=density)) for ab, label in ABLATIONS[1:]]),
-        ("PPO", ppo["seeds"],
-         [(rew, pick(rows, ppo["protocol"], reward=rew, algo="ppo", town=ptown, density=pdensity))
-          for rew in ppo["rewards"]]),
-        ("Found-RL guidance (`algo.guidance=both`)", t1["seeds"],
-         [("found_rl_clip", pick(rows, t1["protocol"], reward="found_rl_clip", algo="sac", town=town,
-                                 density=density, overrides={"algo.guidance": "both"}))]),
-    )
+    groups = (("Table 1 (SAC)", t1["seeds"], sac),
+              ("Table 2 (SAC; its Full row is Table 1's `drivemind`)", t1["seeds"],
+               [(label.split(" ")[0], r) for _, label, r in ablations[1:]]),
+              ("PPO", ppo["seeds"], on_policy),
+              ("Found-RL guidance (`algo.guidance=both`)", t1["seeds"], [("found_rl_clip", guided[1][1])]))
     body = []
     for name, n, methods in groups:
         have = [(m, min(r["n"] if r else 0, n)) for m, r in methods]
