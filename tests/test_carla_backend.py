@@ -539,13 +539,12 @@ def test_hydra_sim_carla_trains_and_survives_a_lost_server(server, monkeypatch, 
 
     api = make_api(server)
     monkeypatch.setattr(backend_mod, "default_api", lambda: api)
-    cfg = config(
-            "sim=carla", "sim.carla.port=2100", "sim.carla.reconnect_wait=0", "density=regular",
-            "logger=quiet", "progress_bar=false", "obs.bev.size=48", "obs.features=null",
-            "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
-            "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=30", "log_interval=1",
-            "algo.learning_starts=30", "algo.batch_size=8", "algo.buffer_size=200",
-            "total_timesteps=50", "checkpoint_every=0", "torch_threads=1")
+    cfg = config("sim=carla", "sim.carla.port=2100", "sim.carla.reconnect_wait=0", "density=regular",
+                 "logger=quiet", "progress_bar=false", "obs.bev.size=48", "obs.features=null",
+                 "algo.policy_kwargs.features_extractor_kwargs.bev_dim=32",
+                 "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=30", "log_interval=1",
+                 "algo.learning_starts=30", "algo.batch_size=8", "algo.buffer_size=200",
+                 "total_timesteps=50", "checkpoint_every=0", "torch_threads=1")
     kw = env_kwargs(cfg)
     assert kw["backend"] == "carla" and kw["carla"]["port"] == 2100
     assert "carla" not in (kw["sim"] or {})
