@@ -513,19 +513,28 @@ def bench_update(args) -> dict:
     th.set_num_threads(args.threads)
     root = Path(__file__).resolve().parents[1]
     with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=["experiment=fast", "logger=quiet", "progress_bar=false",
+        cfg = compose("config", overrides=[f"experiment={args.experiment}", "logger=quiet", "progress_bar=false",
                                            f"reward={args.reward}", f"town={args.town}",
                                            f"density={args.density}", f"seed={args.seed}",
                                            *args.overrides])
     cfg = OmegaConf.to_container(cfg, resolve=True)
     model = make_model(cfg, make_vec_env(cfg), make_reward_from_cfg(cfg))
     model.learn(total_timesteps=max(args.warmup, int(cfg["algo"]["learning_starts"]) + 2 * max(sizes)))
+    dev = model.device.type
     modes = ["fp32"] + (["bf16"] if args.autocast == "bf16" else [])
+    if args.compare_decode and dev != "cpu":
+        modes += [m + "_cpu_decode" for m in modes]
+    buf = model.replay_buffer
 
     def run(b: int, mode: str, n: int) -> float:
+        buf.decode_on_device = not mode.endswith("_cpu_decode")
+        if dev == "cuda":
+            th.cuda.synchronize()
         t = time.perf_counter()
-        with th.autocast("cpu", dtype=th.bfloat16, enabled=mode == "bf16"):
+        with th.autocast(dev, dtype=th.bfloat16, enabled=mode.startswith("bf16")):
             model.train(gradient_steps=n, batch_size=b)
+        if dev == "cuda":
+            th.cuda.synchronize()
         return (time.perf_counter() - t) / n * 1000
 
     for b in sizes:  # warm every path (allocations, oneDNN kernels) before the clock
@@ -539,11 +548,15 @@ def bench_update(args) -> dict:
     out = {}
     for (b, mode), ts in times.items():
         ms = statistics.median(ts)
-        out[f"{mode}_b{b}"] = {"batch_size": b, "autocast": mode, "ms_per_update": round(ms, 2),
+        out[f"{mode}_b{b}"] = {"batch_size": b, "autocast": mode.split("_")[0],
+                                "decode": "cpu" if mode.endswith("_cpu_decode") else dev,
+                                "ms_per_update": round(ms, 2),
                                 "ms_per_256_samples": round(ms * 256 / b, 2),
                                 "rounds_ms": [round(t, 2) for t in ts]}
-    return {"what": "update", "reward": args.reward, "town": args.town, "density": args.density,
-            "net_arch": cfg["algo"]["policy_kwargs"]["net_arch"], "updates_per_round": args.updates,
+    buf.decode_on_device = True
+    return {"what": "update", "experiment": args.experiment, "device": str(model.device),
+            "reward": args.reward, "town": args.town, "density": args.density,
+            "net_arch": cfg["algo"]["policy_kwargs"].get("net_arch"), "updates_per_round": args.updates,
             "results": out, "torch_threads": th.get_num_threads(), "torch": th.__version__, **machine()}
 
 
@@ -1335,6 +1348,10 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p = sub.add_parser("update", help="ms per SAC gradient step on the fast path, per batch size "
                                       "(and under bf16 autocast)")
+    p.add_argument("--experiment", default="fast", help="fast (CPU) or paper (GPU: the CNN on the 224 px BEV)")
+    p.add_argument("--compare-decode", action="store_true",
+                   help="on a GPU, also time the step with sampled images expanded on the CPU and "
+                        "copied over (the path before stop 32) beside the on-GPU expansion")
     p.add_argument("--reward", default="drivemind_kinematic")
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")

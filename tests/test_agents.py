@@ -81,6 +81,38 @@ def test_palette_codec_round_trip(rollout):
     assert codec.encode(rich) is None  # more joint values than the palette holds
 
 
+def test_palette_decode_on_a_device_matches_the_compiled_decode(rollout):
+    """The gather that expands codes where the network runs (a GPU's ``sample``) gives the compiled
+    CPU decode's values bit for bit, uint8 and scaled to [0, 1]: run here on the CPU through the
+    same torch ops, and on CUDA through ``decode(device=...)`` and a buffer's ``sample`` where a GPU
+    is present."""
+    space, steps = rollout
+    codec = PaletteCodec(space["bev"].shape, 64)
+    enc = [codec.encode(s["obs"][e]["bev"]) for s in steps[::3] for e in range(2)]
+    codes, pals = np.stack([c for c, _ in enc]), np.stack([p for _, p in enc])
+    assert len(np.unique(pals.reshape(len(pals), -1), axis=0)) > 1  # frames with different palettes
+    devices = ["cpu"] + (["cuda"] if th.cuda.is_available() else [])
+    for scaled in (False, True):
+        ref = codec.decode(codes, pals, scaled)
+        got = codec.decode_torch(th.from_numpy(codes), th.from_numpy(pals), scaled)
+        assert got.dtype == ref.dtype and got.shape == ref.shape == (len(codes), *codec.shape)
+        assert th.equal(got, ref)
+        for dev in devices[1:]:
+            on_dev = codec.decode(codes, pals, scaled, device=dev)
+            assert on_dev.device.type == dev and th.equal(on_dev.cpu(), ref)
+    for dev in devices[1:]:
+        bufs = [RelabelReplayBuffer(100, space, gym.spaces.Box(-1, 1, (2,)), device=d, n_envs=2,
+                                    scale_images=True) for d in ("cpu", dev)]
+        for b in bufs:
+            fill(b, steps)
+            b.labels[b.labels == PENDING] = LABELLED  # rewards do not matter here
+        slots = bufs[0].slots(LABELLED)[:32]
+        a, b = (buf._get_samples(slots) for buf in bufs)
+        assert b.observations["bev"].device.type == dev
+        assert th.equal(a.observations["bev"], b.observations["bev"].cpu())
+        assert th.equal(a.next_observations["bev"], b.next_observations["bev"].cpu())
+
+
 def _unique_encode(codec, x):
     """The codec's output as np.unique over the pixels gives it (the encoding before the compiled
     one): the palette in ascending byte order, codes its indices."""

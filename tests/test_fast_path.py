@@ -283,10 +283,13 @@ def test_bench_update_times_the_fast_path_gradient_step_per_batch_size(capsys):
     bench = load_script("bench")
     res = bench.main(["update", "--town", "grid", "--density", "empty", "--batch-sizes", "16,32",
                       "--autocast", "bf16", "--warmup", "0", "--updates", "2", "--rounds", "2",
-                      "algo.learning_starts=30", "checkpoint_every=0"])
+                      "--compare-decode", "algo.learning_starts=30", "checkpoint_every=0"])
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == json.loads(json.dumps(res))
+    # on the CPU the images are always expanded there: --compare-decode adds nothing
+    assert res["device"] == "cpu" and res["experiment"] == "fast"
     assert set(res["results"]) == {"fp32_b16", "bf16_b16", "fp32_b32", "bf16_b32"}
+    assert {r["decode"] for r in res["results"].values()} == {"cpu"}
     for r in res["results"].values():
         assert r["ms_per_update"] > 0 and len(r["rounds_ms"]) == 2
         assert r["ms_per_256_samples"] == pytest.approx(r["ms_per_update"] * 256 / r["batch_size"], rel=0.01)
