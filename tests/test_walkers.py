@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from drivemind.maps import load_town
-from drivemind.sim import LiteWorld, density_config
+from drivemind.sim import LiteWorld, SimConfig, density_config
 from drivemind.sim.tables import PAVE_CLEAR, _clearance, _segment_clear, pavements, traffic_tables
 
 OFF_MAP = (-1000.0, -1000.0, 0.0)
@@ -72,3 +72,66 @@ def test_walkers_without_roaming_keep_to_one_site(town02):
     _, state, crossed = _walk(town02, seed=1, walker_roam=False)
     assert (state == 2).sum() == 0
     assert all(len(c) <= 1 for c in crossed) and any(len(c) == 1 for c in crossed)
+
+
+def _velocity_walk(rm, mode, steps=600):
+    cfg = density_config("empty", walkers=8)
+    world = LiteWorld(rm, dataclasses.replace(cfg, traffic=dataclasses.replace(cfg.traffic, walker_velocity=mode)))
+    world.reset(3, ego_pose=OFF_MAP)
+    nv, out = len(world.v_xy), []
+    for _ in range(steps):
+        before = world.w_xy.copy()
+        snap = world.step((0.0, -1.0))
+        out.append((before, world.w_xy.copy(), world.w_state.copy(), snap.actors.velocity[nv:].copy()))
+    return world, out
+
+
+def test_walker_velocity_is_the_last_step_s_displacement_and_the_old_report_stays_available(town02):
+    """traffic.walker_velocity: ``moved`` (default) reports a walker's displacement over the last
+    step / dt, so a walker on the pavement moves at its pace and one waiting reports 0; ``crossing``
+    (the study's pin) reports its walking speed while it is in a crossing and 0 otherwise, as
+    before. The world's positions do not depend on it."""
+    moved_world, moved = _velocity_walk(town02, "moved")
+    old_world, old = _velocity_walk(town02, "crossing")
+    assert moved_world.cfg.traffic.walker_velocity == "moved"  # the default
+    speed = moved_world.w_speed
+    seen = {0: 0, 1: 0, 2: 0}
+    for (b, a, st, vel), (b2, a2, st2, vel2) in zip(moved, old):
+        assert np.array_equal(a, a2) and np.array_equal(st, st2)  # same world
+        assert np.array_equal(vel, (a - b) / 0.1)
+        sp, sp_old = np.hypot(*vel.T), np.hypot(*vel2.T)
+        assert np.allclose(sp_old, np.where(st2 == 1, speed, 0.0))
+        for s in seen:
+            seen[s] += int((st == s).sum())
+        waiting = (st == 0) & np.all(a == b, axis=1)
+        assert np.all(sp[waiting] == 0.0)
+        walking = (st == 2) & (sp > 0)
+        assert np.all(sp[walking] <= speed[walking] + 1e-9)
+    assert min(seen.values()) > 50  # every state was met
+    # on the pavement a walker moves at its pace, where the old report says 0
+    pave = np.concatenate([np.hypot(*m[3][m[2] == 2].T) for m in moved])
+    pave_old = np.concatenate([np.hypot(*m[3][m[2] == 2].T) for m in old])
+    assert np.median(pave) >= 0.8 * speed.min() and np.all(pave_old == 0.0)
+
+
+def test_a_walker_standing_for_a_car_reports_0_with_moved(town02):
+    """A walker in the middle of its crossing with the ego's box 1 m ahead stands still: ``moved``
+    reports 0, ``crossing`` (the old report) its walking speed."""
+    for mode in ("moved", "crossing"):
+        cfg = SimConfig(walkers=1, offroad_margin=None,
+                        traffic=dataclasses.replace(SimConfig().traffic, walker_velocity=mode))
+        world = LiteWorld(town02, cfg)
+        snap = world.reset(0, ego_pose=0)
+        e = snap.ego
+        n = np.array([-np.sin(e.yaw), np.cos(e.yaw)])  # the ego's left
+        ego = np.array([e.x, e.y])
+        world.w_xy[0] = ego + 2.3 * n
+        world.w_a[0], world.w_b[0] = ego + 4.3 * n, ego - 5.0 * n  # crossing through the ego
+        world.w_state[0], world.w_timer[0] = 1, 0.0
+        for _ in range(15):  # under WALKER_GIVE_UP: it neither goes on nor turns back yet
+            snap = world.step((0.0, -1.0))
+            assert world.w_state[0] == 1 and np.allclose(world.w_xy[0], ego + 2.3 * n)
+        v = float(np.hypot(*snap.actors.velocity[len(world.v_xy)]))
+        assert v == (0.0 if mode == "moved" else pytest.approx(world.w_speed[0]))
+    with pytest.raises(ValueError, match="walker_velocity must be one of moved, crossing"):
+        SimConfig(traffic=dataclasses.replace(SimConfig().traffic, walker_velocity="measured"))

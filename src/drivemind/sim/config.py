@@ -81,6 +81,12 @@ class TrafficParams:
     #                             direction when it is free for the whole manoeuvre, outside and
     #                             not just before junctions, never over a solid line; never: no
     #                             (the behaviour before; the study pins it)
+    walker_velocity: str = "moved"  # what a snapshot reports as a walker's velocity: moved: its
+    #                                 displacement over the last step / dt (0 while it waits or
+    #                                 stands for a car, its pace on the pavement, as CARLA reports
+    #                                 it); crossing: its walking speed while in a crossing (even
+    #                                 when it stands for a car), 0 otherwise (the behaviour
+    #                                 before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -91,11 +97,14 @@ class TrafficParams:
 # the traffic from before them. The study configs (configs/experiment/study_*.yaml) pin exactly
 # these, and a study run trained before they existed (its config lacks them) is evaluated with them
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
-STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None}
+STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
+                 "walker_velocity": "crossing"}
 
 
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
+# the values of TrafficParams.walker_velocity
+WALKER_VELOCITY = ("moved", "crossing")
 
 
 @dataclass(frozen=True)
@@ -134,6 +143,9 @@ class SimConfig:
         if self.traffic.overtake not in OVERTAKE:
             raise ValueError(f"traffic.overtake must be one of {', '.join(OVERTAKE)}; got "
                              f"{self.traffic.overtake!r}")
+        if self.traffic.walker_velocity not in WALKER_VELOCITY:
+            raise ValueError(f"traffic.walker_velocity must be one of {', '.join(WALKER_VELOCITY)}; "
+                             f"got {self.traffic.walker_velocity!r}")
         if not (math.isfinite(self.traffic.release_margin) and self.traffic.release_margin >= 0):
             raise ValueError(f"traffic.release_margin must be a non-negative number of metres, got "
                              f"{self.traffic.release_margin!r}")

@@ -178,7 +178,9 @@ def pairwise_overlaps(pos, ayaw, ext, radius, skip_cls, cls, out):
 @nb.njit(cache=True)
 def actor_velocities(v_v, v_yaw, w_speed, w_state, w_yaw, out):
     """World-frame velocities of the vehicles, then the walkers, into out; a walker counts as
-    moving while it crosses (state 1), as the snapshot has always reported it."""
+    moving at its walking speed while it crosses (state 1), 0 otherwise
+    (``traffic.walker_velocity=crossing``; with ``moved`` the world overwrites the walkers' rows
+    with their displacement over the last step)."""
     nv = v_v.shape[0]
     for i in range(nv):
         out[i, 0] = v_v[i] * math.cos(v_yaw[i])

@@ -453,6 +453,7 @@ class LiteWorld:
         self.w_timer = rng.uniform(0.0, cfg.traffic.walker_wait[1], size=W)
         self.w_speed = rng.uniform(*cfg.traffic.walker_speed, size=W)
         self.w_id = np.arange(10001, 10001 + W, dtype=np.int64)
+        self.w_vel = np.zeros((W, 2))  # displacement over the last step / dt (walker_velocity=moved)
 
     def _next_walk(self, w: int):
         """Walker w has crossed to kerb end ``w_bnode``: it walks the pavement to one of the next
@@ -551,6 +552,7 @@ class LiteWorld:
             if self._has_dead_ends:
                 self._exit_dead_ends()
         if len(self.w_xy):
+            before = self.w_xy.copy()
             veh_xy, veh_v, veh_yaw, veh_ext = self._veh  # the vehicles, the ego last
             veh_xy[:n], veh_v[:n], veh_yaw[:n] = self.v_xy, self.v_v, self.v_yaw
             veh_xy[n, 0], veh_xy[n, 1], veh_v[n], veh_yaw[n] = e["x"], e["y"], e["v"], e["yaw"]
@@ -563,6 +565,8 @@ class LiteWorld:
             if arrived:
                 for w in np.flatnonzero(self.w_state == 3):
                     self._next_walk(int(w))
+            np.subtract(self.w_xy, before, out=self.w_vel)
+            self.w_vel /= dt
         events, npc_new = self._collisions()
         return self._snapshot(events, npc_new)
 
@@ -655,8 +659,7 @@ class LiteWorld:
             aid = int(ids[j])
             now.add(aid)
             if aid not in self._ego_contacts:
-                sp = float(self.v_v[j]) if j < len(self.v_v) else float(self.w_speed[j - len(self.v_v)]
-                                                                      * (self.w_state[j - len(self.v_v)] == 1))
+                sp = float(self.v_v[j]) if j < len(self.v_v) else self._walker_speed(j - len(self.v_v))
                 events.append(CollisionEvent(aid, ActorClass(int(cls[j])), e["v"], sp,
                                              float(pos[j, 0]), float(pos[j, 1])))
         self._ego_contacts = now
@@ -683,6 +686,12 @@ class LiteWorld:
         self.npc_collision_total += new
         return events, new
 
+    def _walker_speed(self, w: int) -> float:
+        """Walker w's speed as the snapshot reports it (``traffic.walker_velocity``)."""
+        if self.cfg.traffic.walker_velocity == "moved":
+            return math.hypot(self.w_vel[w, 0], self.w_vel[w, 1])
+        return float(self.w_speed[w] * (self.w_state[w] == 1))
+
     def _grade_separated(self, la: int, ya: float, lb: int, yb: float) -> bool:
         """Two boxes overlapping in plan view on roads that cross outside any junction: one
         passes over the other (a bridge; the map is flat here), so it is no collision."""
@@ -696,6 +705,8 @@ class LiteWorld:
         ids, cls, pos, yaw, ext = self._actors  # set by reset() and _collisions()
         vel = np.empty((len(ids), 2))
         K.actor_velocities(self.v_v, self.v_yaw, self.w_speed, self.w_state, self.w_yaw, vel)
+        if cfg.traffic.walker_velocity == "moved":
+            vel[len(self.v_v):] = self.w_vel
         lt = self.lights
         ego = EgoState(e["x"], e["y"], e["yaw"], e["v"], e["yaw_rate"], e["accel"], e["steer"],
                        e["throttle"], e["brake"], (cfg.ego.length / 2, cfg.ego.width / 2))
