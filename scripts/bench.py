@@ -1079,6 +1079,8 @@ def _add_heldout_args(p, bev_help: str) -> None:
     p.add_argument("--bev", default="cpu", help=bev_help)
     p.add_argument("--map-path", default=None, help="a folder searched first for the towns' .xodr "
                                                     "(default: $DRIVEMIND_MAP_PATH, then the shipped towns)")
+    p.add_argument("--traffic", action="append", metavar="KEY=VALUE",
+                   help="a sim.traffic setting for the drives (repeatable), e.g. walker_velocity=crossing")
 
 
 def _heldout_config(args, what: str):
@@ -1088,7 +1090,8 @@ def _heldout_config(args, what: str):
     try:
         return HeldoutConfig(towns=_csv(args.towns), densities=_csv(args.densities),
                              drivers=_csv(args.drivers), steps=args.steps, every=args.every,
-                             seed=args.seed, bev=args.bev, map_path=args.map_path)
+                             seed=args.seed, bev=args.bev, map_path=args.map_path,
+                             traffic=tuple(traffic_overrides(args).items()))
     except ValueError as e:
         raise SystemExit(f"{what}: {e}") from None
 

@@ -107,6 +107,14 @@ def test_tiny_set_is_deterministic_and_labelled_from_its_facts(tiny):
     assert set(data.source) == {"grid/drivevlm/perturbed", "grid/drivevlm/random"}
     with pytest.raises(ValueError, match="valid: expert, perturbed, random"):
         HeldoutConfig(drivers=("drunk",))
+    # a sim.traffic setting for the drives (bench.py reward-quality --traffic): the set records it;
+    # a bad one is refused before anything is driven
+    old = HeldoutConfig(**{**cfg.__dict__, "steps": 20, "traffic": (("walker_velocity", "crossing"),)})
+    assert collect(old).meta["traffic"] == {"walker_velocity": "crossing"} and "traffic" not in data.meta
+    with pytest.raises(ValueError, match="walker_velocity must be one of moved, crossing"):
+        HeldoutConfig(traffic=(("walker_velocity", "fast"),))
+    with pytest.raises(ValueError, match="unknown sim.traffic option"):
+        HeldoutConfig(traffic=(("walker_pace", 1.0),))
 
 
 def test_scores_on_the_tiny_set(tiny):

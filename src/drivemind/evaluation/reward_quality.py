@@ -130,9 +130,14 @@ class HeldoutConfig:
     seed: int = 10_000
     bev: str = "cpu"
     map_path: str | None = None
+    traffic: tuple = ()  # (key, value) pairs of sim.traffic settings, e.g. (("walker_velocity", "crossing"),)
 
     def __post_init__(self):
         check_drive_plan(self.towns, self.densities, self.drivers)
+        if self.traffic:
+            from ..sim.config import SimConfig
+
+            SimConfig.from_dict({"traffic": dict(self.traffic)})  # one error naming the bad setting
         if int(self.steps) < 2 or int(self.every) < 1:
             raise ValueError(f"steps must be >= 2 and every >= 1, got {self.steps}, {self.every}")
         if not (self.horizon_s > 0 and self.keep_s >= self.horizon_s):
@@ -266,6 +271,8 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None,
     combos = [(t, d, dr) for t in cfg.towns for d in cfg.densities for dr in cfg.drivers]
     for k, (town, density, driver) in enumerate(combos):
         kw = {"map_path": cfg.map_path} if cfg.map_path else {}
+        if cfg.traffic:
+            kw["sim"] = {"traffic": dict(cfg.traffic)}
         env = DriveEnv(town, density, bev=cfg.bev, **kw)
         dt = env.sim_cfg.dt
         obs_kmh = ego_speed_unit_kmh(env)  # km/h per unit of obs["ego"][0]
@@ -340,7 +347,8 @@ def collect(cfg: HeldoutConfig = HeldoutConfig(), embed=None, progress=None,
         obs_embedding=np.concatenate(oemb) if oemb else None,
         standstill_embedding=np.concatenate(semb) if semb else None,
         meta={**counts, "towns": list(cfg.towns), "densities": list(cfg.densities),
-              "drivers": list(cfg.drivers), "seed": cfg.seed, "bev": cfg.bev})
+              "drivers": list(cfg.drivers), "seed": cfg.seed, "bev": cfg.bev,
+              **({"traffic": dict(cfg.traffic)} if cfg.traffic else {})})
 
 
 # ----------------------------------------------------------------------------- measures
