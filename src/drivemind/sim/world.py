@@ -552,7 +552,8 @@ class LiteWorld:
             if self._has_dead_ends:
                 self._exit_dead_ends()
         if len(self.w_xy):
-            before = self.w_xy.copy()
+            moved = tp.walker_velocity == "moved"
+            before = self.w_xy.copy() if moved else None
             veh_xy, veh_v, veh_yaw, veh_ext = self._veh  # the vehicles, the ego last
             veh_xy[:n], veh_v[:n], veh_yaw[:n] = self.v_xy, self.v_v, self.v_yaw
             veh_xy[n, 0], veh_xy[n, 1], veh_v[n], veh_yaw[n] = e["x"], e["y"], e["v"], e["yaw"]
@@ -565,8 +566,9 @@ class LiteWorld:
             if arrived:
                 for w in np.flatnonzero(self.w_state == 3):
                     self._next_walk(int(w))
-            np.subtract(self.w_xy, before, out=self.w_vel)
-            self.w_vel /= dt
+            if moved:
+                np.subtract(self.w_xy, before, out=self.w_vel)
+                self.w_vel /= dt
         events, npc_new = self._collisions()
         return self._snapshot(events, npc_new)
 
