@@ -707,8 +707,9 @@ class LiteWorld:
         ids, cls, pos, yaw, ext = self._actors  # set by reset() and _collisions()
         vel = np.empty((len(ids), 2))
         K.actor_velocities(self.v_v, self.v_yaw, self.w_speed, self.w_state, self.w_yaw, vel)
-        if cfg.traffic.walker_velocity == "moved":
-            vel[len(self.v_v):] = self.w_vel
+        if cfg.traffic.walker_velocity == "moved":  # the walkers' rows, as the kernel numbers them
+            nv = len(self.v_v)
+            vel[nv:nv + len(self.w_vel)] = self.w_vel
         lt = self.lights
         ego = EgoState(e["x"], e["y"], e["yaw"], e["v"], e["yaw_rate"], e["accel"], e["steer"],
                        e["throttle"], e["brake"], (cfg.ego.length / 2, cfg.ego.width / 2))
