@@ -546,18 +546,48 @@ def bench_update(args) -> dict:
             for mode in modes:
                 times[b, mode].append(run(b, mode, args.updates))
     out = {}
+    def sample_ms(b: int, mode: str, n: int) -> float:  # drawing + expanding + moving one batch
+        buf.decode_on_device = not mode.endswith("_cpu_decode")
+        ts = []
+        for _ in range(args.rounds):
+            if dev == "cuda":
+                th.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(n):
+                buf.sample(b, env=model._vec_normalize_env)
+            if dev == "cuda":
+                th.cuda.synchronize()
+            ts.append((time.perf_counter() - t) / n * 1000)
+        return statistics.median(ts)
+
     for (b, mode), ts in times.items():
         ms = statistics.median(ts)
         out[f"{mode}_b{b}"] = {"batch_size": b, "autocast": mode.split("_")[0],
                                 "decode": "cpu" if mode.endswith("_cpu_decode") else dev,
                                 "ms_per_update": round(ms, 2),
                                 "ms_per_256_samples": round(ms * 256 / b, 2),
+                                "sample_ms": round(sample_ms(b, mode, args.updates), 2),
                                 "rounds_ms": [round(t, 2) for t in ts]}
+    profile = None
+    if args.profile:  # where one step's time goes: torch's profiler over one round at the first size
+        from torch.profiler import ProfilerActivity, profile as th_profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+        buf.decode_on_device = True
+        with th_profile(activities=acts) as prof:
+            run(sizes[0], "fp32", args.updates)
+        key = "self_device_time_total" if dev == "cuda" else "self_cpu_time_total"
+        rows = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0) + e.self_cpu_time_total,
+                      reverse=True)[:args.profile]
+        profile = [{"op": e.key, "calls": e.count,
+                    "self_cpu_ms_per_update": round(e.self_cpu_time_total / 1000 / args.updates, 3),
+                    "self_device_ms_per_update": round(getattr(e, key, 0) / 1000 / args.updates, 3)
+                    if dev == "cuda" else None} for e in rows]
     buf.decode_on_device = True
     return {"what": "update", "experiment": args.experiment, "device": str(model.device),
             "reward": args.reward, "town": args.town, "density": args.density,
             "net_arch": cfg["algo"]["policy_kwargs"].get("net_arch"), "updates_per_round": args.updates,
-            "results": out, "torch_threads": th.get_num_threads(), "torch": th.__version__, **machine()}
+            "results": out, **({"profile": profile} if profile is not None else {}),
+            "torch_threads": th.get_num_threads(), "torch": th.__version__, **machine()}
 
 
 def bench_train(args) -> dict:
@@ -1362,6 +1392,9 @@ def main(argv=None):
     p.add_argument("--autocast", default="none", help="none, or bf16: also time under bfloat16 autocast")
     p.add_argument("--warmup", type=int, default=3000, help="env steps of real training before timing")
     p.add_argument("--updates", type=int, default=30, help="gradient steps per timed round")
+    p.add_argument("--profile", type=int, default=0, metavar="K",
+                   help="also run torch's profiler over one round at the first batch size and report "
+                        "its K most expensive operators (self time per update)")
     p.add_argument("overrides", nargs="*", help="hydra overrides of the fast path's config, e.g. "
                                                 "algo.policy_kwargs.net_arch=[128,128]")
     p.add_argument("--rounds", type=int, default=3)
