@@ -84,8 +84,8 @@ def test_palette_codec_round_trip(rollout):
 def test_palette_decode_on_a_device_matches_the_compiled_decode(rollout):
     """The gather that expands codes where the network runs (a GPU's ``sample``) gives the compiled
     CPU decode's values bit for bit, uint8 and scaled to [0, 1]: run here on the CPU through the
-    same torch ops, and on CUDA through ``decode(device=...)`` and a buffer's ``sample`` where a GPU
-    is present."""
+    same torch ops, and on CUDA through ``decode(device=...)`` and a buffer's ``_get_samples`` where
+    a GPU is present (every field of every stored transition, expanded on the GPU or the CPU)."""
     space, steps = rollout
     codec = PaletteCodec(space["bev"].shape, 64)
     enc = [codec.encode(s["obs"][e]["bev"]) for s in steps[::3] for e in range(2)]
@@ -106,11 +106,20 @@ def test_palette_decode_on_a_device_matches_the_compiled_decode(rollout):
         for b in bufs:
             fill(b, steps)
             b.labels[b.labels == PENDING] = LABELLED  # rewards do not matter here
-        slots = bufs[0].slots(LABELLED)[:32]
-        a, b = (buf._get_samples(slots) for buf in bufs)
-        assert b.observations["bev"].device.type == dev
-        assert th.equal(a.observations["bev"], b.observations["bev"].cpu())
-        assert th.equal(a.next_observations["bev"], b.next_observations["bev"].cpu())
+        slots = bufs[0].slots(LABELLED)  # every stored transition, episode ends among them
+        assert any(int(s) in bufs[0].terminal for s in slots)
+        a = bufs[0]._get_samples(slots)
+        for on_device in (True, False):  # through pinned memory, expanded there / on the CPU
+            bufs[1].decode_on_device = on_device
+            b = bufs[1]._get_samples(slots)
+            for side in ("observations", "next_observations"):
+                x, y = getattr(a, side), getattr(b, side)
+                assert set(x) == set(y)
+                for k in x:
+                    assert y[k].device.type == dev and th.equal(x[k], y[k].cpu()), (side, k)
+            for field in ("actions", "rewards", "dones"):
+                x, y = getattr(a, field), getattr(b, field)
+                assert y.device.type == dev and th.equal(x, y.cpu()), field
 
 
 def _unique_encode(codec, x):
