@@ -523,11 +523,15 @@ def bench_update(args) -> dict:
     dev = model.device.type
     modes = ["fp32"] + (["bf16"] if args.autocast == "bf16" else [])
     if args.compare_decode and dev != "cpu":
-        modes += [m + "_cpu_decode" for m in modes]
+        modes += [m + suffix for suffix in ("_host_codes", "_cpu_decode") for m in modes]
     buf = model.replay_buffer
 
-    def run(b: int, mode: str, n: int) -> float:
+    def use(mode: str) -> None:  # where a sampled batch is gathered and expanded
         buf.decode_on_device = not mode.endswith("_cpu_decode")
+        buf.codes_on_device = "auto" if buf.decode_on_device and not mode.endswith("_host_codes") else False
+
+    def run(b: int, mode: str, n: int) -> float:
+        use(mode)
         if dev == "cuda":
             th.cuda.synchronize()
         t = time.perf_counter()
@@ -547,7 +551,7 @@ def bench_update(args) -> dict:
                 times[b, mode].append(run(b, mode, args.updates))
     out = {}
     def sample_ms(b: int, mode: str, n: int) -> float:  # drawing + expanding + moving one batch
-        buf.decode_on_device = not mode.endswith("_cpu_decode")
+        use(mode)
         ts = []
         for _ in range(args.rounds):
             if dev == "cuda":
@@ -562,8 +566,10 @@ def bench_update(args) -> dict:
 
     for (b, mode), ts in times.items():
         ms = statistics.median(ts)
+        use(mode)
         out[f"{mode}_b{b}"] = {"batch_size": b, "autocast": mode.split("_")[0],
                                 "decode": "cpu" if mode.endswith("_cpu_decode") else dev,
+                                "codes": "device" if buf.device_codes() is not None else "host",
                                 "ms_per_update": round(ms, 2),
                                 "ms_per_256_samples": round(ms * 256 / b, 2),
                                 "sample_ms": round(sample_ms(b, mode, args.updates), 2),
@@ -572,7 +578,7 @@ def bench_update(args) -> dict:
     if args.profile:  # where one step's time goes: torch's profiler over one round at the first size
         from torch.profiler import ProfilerActivity, profile as th_profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
-        buf.decode_on_device = True
+        use("fp32")
         with th_profile(activities=acts) as prof:
             run(sizes[0], "fp32", args.updates)
         key = "self_device_time_total" if dev == "cuda" else "self_cpu_time_total"
@@ -582,7 +588,7 @@ def bench_update(args) -> dict:
                     "self_cpu_ms_per_update": round(e.self_cpu_time_total / 1000 / args.updates, 3),
                     "self_device_ms_per_update": round(getattr(e, key, 0) / 1000 / args.updates, 3)
                     if dev == "cuda" else None} for e in rows]
-    buf.decode_on_device = True
+    use("fp32")
     return {"what": "update", "experiment": args.experiment, "device": str(model.device),
             "reward": args.reward, "town": args.town, "density": args.density,
             "net_arch": cfg["algo"]["policy_kwargs"].get("net_arch"), "updates_per_round": args.updates,
@@ -1383,8 +1389,10 @@ def main(argv=None):
                                       "(and under bf16 autocast)")
     p.add_argument("--experiment", default="fast", help="fast (CPU) or paper (GPU: the CNN on the 224 px BEV)")
     p.add_argument("--compare-decode", action="store_true",
-                   help="on a GPU, also time the step with sampled images expanded on the CPU and "
-                        "copied over (the path before stop 32) beside the on-GPU expansion")
+                   help="on a GPU, also time the step with the image codes gathered on the CPU and "
+                        "expanded on the GPU (_host_codes, stop 32's path) and with the images expanded "
+                        "on the CPU and copied over (_cpu_decode, the path before) beside the default "
+                        "(codes kept and gathered on the GPU)")
     p.add_argument("--reward", default="drivemind_kinematic")
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")

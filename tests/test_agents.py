@@ -122,6 +122,42 @@ def test_palette_decode_on_a_device_matches_the_compiled_decode(rollout):
                 assert y.device.type == dev and th.equal(x, y.cpu()), field
 
 
+def test_codes_kept_on_the_device_give_the_same_samples_as_the_host_arrays(rollout):
+    """``codes_on_device``: the image codes and palettes mirrored where the network runs (a GPU's
+    default; forced here on the CPU, the same torch ops) give every sampled field bit for bit as
+    the host arrays do, while rows keep being written and overwritten between samples (the ring
+    wraps around twice), episode ends included; a pickled buffer (a checkpoint) holds no mirror and
+    rebuilds it."""
+    import pickle
+
+    space, steps = rollout
+    bufs = [RelabelReplayBuffer(60, space, gym.spaces.Box(-1, 1, (2,)), device="cpu", n_envs=2,
+                                scale_images=scaled) for scaled in (False, True) for _ in range(2)]
+    for b in bufs[1::2]:
+        b.codes_on_device = True
+    assert all(b.device_codes() is None for b in bufs[::2])  # "auto" on the CPU: not kept twice
+    seen_terminal = False
+    for start in range(0, len(steps), 20):
+        for b in bufs:
+            fill(b, steps[start:start + 20])
+            b.labels[b.labels == PENDING] = LABELLED
+        slots = bufs[0].slots(LABELLED)
+        seen_terminal |= any(int(s) in bufs[0].terminal for s in slots)
+        for ref, got in (bufs[0:2], bufs[2:4]):
+            a, b = ref._get_samples(slots), got._get_samples(slots)
+            for side in ("observations", "next_observations"):
+                for k in getattr(a, side):
+                    assert th.equal(getattr(a, side)[k], getattr(b, side)[k]), (start, side, k)
+    assert seen_terminal and bufs[1]._mirror is not None and len(steps) > 2 * 30
+    mirrored = bufs[1]
+    codes, pals = mirrored.device_codes()["bev"]
+    assert np.array_equal(codes.numpy(), mirrored.codes["bev"]) and np.array_equal(pals.numpy(), mirrored.palettes["bev"])
+    loaded = pickle.loads(pickle.dumps(mirrored))
+    assert loaded._mirror is None and "_mirror" not in loaded.__dict__
+    slots = loaded.slots(LABELLED)
+    assert th.equal(loaded._get_samples(slots).observations["bev"], bufs[0]._get_samples(slots).observations["bev"])
+
+
 def _unique_encode(codec, x):
     """The codec's output as np.unique over the pixels gives it (the encoding before the compiled
     one): the palette in ascending byte order, codes its indices."""

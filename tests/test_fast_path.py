@@ -290,6 +290,7 @@ def test_bench_update_times_the_fast_path_gradient_step_per_batch_size(capsys):
     assert res["device"] == "cpu" and res["experiment"] == "fast"
     assert set(res["results"]) == {"fp32_b16", "bf16_b16", "fp32_b32", "bf16_b32"}
     assert {r["decode"] for r in res["results"].values()} == {"cpu"}
+    assert {r["codes"] for r in res["results"].values()} == {"host"}  # kept on a GPU only
     for r in res["results"].values():
         assert r["ms_per_update"] > 0 and len(r["rounds_ms"]) == 2
         assert r["ms_per_256_samples"] == pytest.approx(r["ms_per_update"] * 256 / r["batch_size"], rel=0.01)

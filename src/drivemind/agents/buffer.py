@@ -165,6 +165,12 @@ class RelabelReplayBuffer(ReplayBuffer):
     # class-level defaults: buffers pickled before the guidance slot existed load without it
     guidance = False
     decode_on_device = True  # a GPU buffer expands sampled images on the GPU (False: on the CPU, as before)
+    # a GPU buffer also keeps its image codes and palettes on the GPU, so a sampled batch is
+    # gathered there and no image byte crosses the bus ("auto": on a CUDA device when they fit in
+    # half its free memory; True: on any device, tests use it on the CPU; False: never)
+    codes_on_device: bool | str = "auto"
+    _mirror = None  # {key: (codes, palettes)} tensors on the device, built on first use; not pickled
+    _mirror_dirty = None  # (row, env) written since the mirror was last brought up to date
     guide_actions = guide_mask = guide_stamp = None
     _writes = 0
 
@@ -236,6 +242,12 @@ class RelabelReplayBuffer(ReplayBuffer):
         if check_memory:
             self._check_memory()
 
+    def __getstate__(self):  # checkpoints hold the host arrays only; the mirror is rebuilt
+        state = self.__dict__.copy()
+        state.pop("_mirror", None)
+        state.pop("_mirror_dirty", None)
+        return state
+
     # ------------------------------------------------------------------ memory
     def nbytes(self) -> int:
         """Bytes held by the buffer's arrays and side tables (arrays are counted in full)."""
@@ -295,6 +307,8 @@ class RelabelReplayBuffer(ReplayBuffer):
                 self.raw[(k, row, env)] = np.array(obs[k][env], np.uint8)
             else:
                 self.codes[k][row, env], self.palettes[k][row, env] = enc
+        if self._mirror_dirty is not None:
+            self._mirror_dirty.append((row, env))
         for k, arr in self.vectors.items():
             arr[row, env] = obs[k][env]
 
@@ -530,23 +544,33 @@ class RelabelReplayBuffer(ReplayBuffer):
                    scaled: bool = False, images: bool = True, device: th.device | None = None) -> dict:
         """Decoded observations at (rows, envs); positions listed in ``terminal`` (position ->
         slot) come from the terminal side table instead. ``images=False``: vector keys only.
-        ``device``: a GPU decodes the images there (``PaletteCodec.decode``); None: on the CPU."""
+        ``device``: a GPU decodes the images there (``PaletteCodec.decode``), from the codes kept
+        there where it keeps them (``device_codes``); None: on the CPU."""
         out = {}
+        mirror = self.device_codes() if device is not None and images else None
+        if mirror is not None:
+            dev = th.device(self.device)
+            at = (th.from_numpy(rows).to(dev), th.from_numpy(envs).to(dev))
         for k, codec in (self.codecs.items() if images else ()):
-            codes = self.codes[k][rows, envs]
-            pals = self.palettes[k][rows, envs]
+            if mirror is not None:  # gathered where they are kept: no image byte crosses the bus
+                codes, pals = mirror[k][0][at], mirror[k][1][at]
+                put = lambda a: th.from_numpy(a).to(dev)  # noqa: E731 - the few episode ends
+            else:
+                codes, pals = self.codes[k][rows, envs], self.palettes[k][rows, envs]
+                put = np.asarray
             raw_at = {}
             for i, slot in terminal.items():
                 t = self.terminal[slot]
                 if k + ":raw" in t:
                     raw_at[i] = t[k + ":raw"]
                 else:
-                    codes[i], pals[i] = t[k + ":codes"], t[k + ":palette"]
+                    codes[i], pals[i] = put(t[k + ":codes"]), put(t[k + ":palette"])
             if self.raw:  # frames that were too rich for a palette (rare)
                 for i, (r, e) in enumerate(zip(rows.tolist(), envs.tolist())):
                     if i not in terminal and (k, r, e) in self.raw:
                         raw_at[i] = self.raw[(k, r, e)]
-            x = codec.decode(codes, pals, scaled, device)
+            x = (codec.decode_torch(codes, pals, scaled) if mirror is not None
+                 else codec.decode(codes, pals, scaled, device))
             for i, frame in raw_at.items():
                 f = th.from_numpy(frame).to(x.device)
                 x[i] = f / 255.0 if scaled else f
@@ -557,6 +581,35 @@ class RelabelReplayBuffer(ReplayBuffer):
                 v[i] = self.terminal[slot][k]
             out[k] = th.from_numpy(v)
         return out
+
+    def device_codes(self) -> dict | None:
+        """``{key: (codes, palettes)}`` as tensors on the buffer's device, up to date with every
+        row written so far, or None where they are not kept there (``codes_on_device``). Built on
+        first use (one copy of the host arrays), then brought up to date with the rows written
+        since, in one copy per sample."""
+        want = self.codes_on_device
+        dev = th.device(self.device)
+        if not self.codecs or want is False or (want == "auto" and dev.type != "cuda"):
+            return None
+        if self._mirror is None:
+            need = sum(a.nbytes for a in (*self.codes.values(), *self.palettes.values()))
+            if want == "auto" and need > th.cuda.mem_get_info(dev)[0] // 2:
+                warnings.warn(f"the replay buffer's image codes ({need / 1e9:.1f} GB) do not fit in "
+                              f"half the free memory of {dev}: sampled batches are gathered on the "
+                              "CPU and copied over (lower algo.buffer_size to keep them there)")
+                self.codes_on_device = False
+                return None
+            self._mirror = {k: (th.from_numpy(self.codes[k]).to(dev, copy=True),
+                                th.from_numpy(self.palettes[k]).to(dev, copy=True)) for k in self.codecs}
+            self._mirror_dirty = []
+        elif self._mirror_dirty:
+            rows, envs = (np.array(x) for x in zip(*self._mirror_dirty))
+            self._mirror_dirty = []
+            r, e = th.from_numpy(rows).to(dev), th.from_numpy(envs).to(dev)
+            for k, (codes, pals) in self._mirror.items():
+                codes[r, e] = th.from_numpy(self.codes[k][rows, envs]).to(dev)
+                pals[r, e] = th.from_numpy(self.palettes[k][rows, envs]).to(dev)
+        return self._mirror
 
     def _draw(self, batch_size: int) -> np.ndarray:
         ok = self.slots(LABELLED)
