@@ -479,6 +479,16 @@ def test_results_page_tables_are_filled_from_the_report_and_nothing_else_changes
     assert next(line for line in lines if line.startswith("| tirl | ")).count("pending") == 6
     heldout = next(line for line in lines if line.startswith("| drivemind | ") and "/3" not in line)
     assert "pending" in heldout and "0.10" in heldout  # Town01 dense: seeds 0/1/2 arrive on 0/1/2 of 10
+    # how routes end, over every finished seed's routes: drivemind arrives on 2 + 5 + 9 of 30 Town02
+    # routes and ends 0 + 1 + 1 in a collision (seed 2's route 8 arrives after its collision: an
+    # arrival); the rest end otherwise; held out only Town01 dense is on disk
+    endings = {c[0]: c[1:] for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines)
+               if c[0] in ("drivemind", "drivemind NoAICR", "tirl") and len(c) == 5}
+    assert endings["drivemind"] == ["3", "0.53 / 0.07 / 0.00 / 0.00 / 0.40", "0.10 / 0.00 / 0.00 / 0.00 / 0.90",
+                                    "30 / 30"]
+    assert endings["drivemind NoAICR"] == ["3", "0.10 / 0.40 / 0.00 / 0.00 / 0.50",
+                                           "0.00 / 0.20 / 0.00 / 0.00 / 0.80", "30 / 20"]
+    assert endings["tirl"] == ["0", "pending", "pending", "0 / 0"]
     # the status block counts the same picks: Table 1 has drivemind 3/3 and chen 2/3 (a failed seed
     # is not done) of its 15 rewards x 3 seeds, Table 2 NoAICR 3/3, nothing else is done
     progress = {c[0]: c[1:] for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines

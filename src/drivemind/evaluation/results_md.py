@@ -10,6 +10,10 @@ rest of the page (protocol, commands, findings) is left as it is. Blocks:
 - ``table2``: ``drivemind`` with ``reward.ablate=none|aicr|hvfr|pcfm`` (DriveMind Table 2 beside);
 - ``ppo``: every reward of ``experiment=study_ppo`` with PPO;
 - ``heldout``: SR of every Table 1 method on every town x density the study evaluates;
+- ``endings``: how the evaluation routes of every method end (arrived, collision, off route,
+  stuck, other) as shares over all its finished seeds' routes, on the training town and pooled
+  over the held-out town x density pairs: whether a failing method stands, leaves its route or
+  crashes;
 - ``guidance``: ``found_rl_clip`` with SAC, ``algo.guidance=none`` (Table 1's row) and ``both``;
 - ``contrasts``: the papers' orderings as differences between two methods (``CONTRASTS``), each
   with a 95 % hierarchical bootstrap interval over seeds and routes
@@ -33,7 +37,10 @@ from .contrasts import contrast, format_interval
 from .published import DM_T1, DM_T2, published_for
 from .report import METRIC_COLUMNS, _table
 
-BLOCKS = ("progress", "table1", "table2", "ppo", "heldout", "guidance", "contrasts")
+BLOCKS = ("progress", "table1", "table2", "ppo", "heldout", "endings", "guidance", "contrasts")
+# how an evaluation route ends (its record's ``arrived`` / ``termination``), in the block's order;
+# anything else (a time limit, an ending added later) is ``other``
+ENDINGS = ("arrived", "collision", "off_route", "stuck")
 ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
              ("hvfr", "NoHVFR (`hvfr`)"), ("pcfm", "NoPCFM (`pcfm`)"))
 _MISSING = object()
@@ -99,6 +106,24 @@ def _paper(reward: str, algo: str, town: str, density: str, keys, ablate=None, s
     return "(not in the table)"
 
 
+def ending_shares(report: dict, row: dict | None, evals) -> tuple[str, int]:
+    """``"a / c / o / s / x"``: the shares of ``ENDINGS`` (and other) among the evaluation routes
+    of ``row``'s method (every finished seed) on ``evals`` [(town, density), ...], and the number
+    of routes; ``("pending", 0)`` when there are none."""
+    counts = dict.fromkeys((*ENDINGS, "other"), 0)
+    if row is not None:
+        method = next(m for m in report["methods"] if m["label"] == row["method"])
+        for run in method["ok"]:
+            for key in evals:
+                for route in run["routes"].get(tuple(key), []):
+                    end = "arrived" if route.get("arrived") else str(route.get("termination") or "")
+                    counts[end if end in counts else "other"] += 1
+    n = sum(counts.values())
+    if not n:
+        return "pending", 0
+    return " / ".join(f"{c / n:.2f}" for c in counts.values()), n
+
+
 def render_blocks(report: dict, spec: dict) -> dict[str, str]:
     """The text of every block. ``spec``: ``table1`` and ``ppo`` each ``{"rewards": [...],
     "protocol": {flat key: value}, "seeds": n, "train": (town, density), "evals": [(town,
@@ -145,6 +170,17 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
             cells.append(_cell(r, "SR") + (f" ({r['n']})" if r and 0 < r["n"] < t1["seeds"] else ""))
         body.append([rew, *cells])
     out["heldout"] = _table(["method", *(f"{t} {d}" for t, d in evals)], body)
+
+    held = [e for e in evals if tuple(e) != (town, density)]
+    body = []
+    for name, row in ([(rew, r) for rew, r in sac] + [(f"drivemind {label.split(' ')[0]}", r) for _, label, r in ablations[1:]]
+                      + [(f"{rew} (PPO)", r) for rew, r in on_policy] + [("found_rl_clip guided", guided[1][1])]):
+        here, n_here = ending_shares(report, row, [(town, density)])
+        away, n_away = ending_shares(report, row, held)
+        body.append([name, str(row["n"] if row else 0), here, away, f"{n_here} / {n_away}"])
+    out["endings"] = _table(["method", "seeds", f"{town} {density}: arrived / collision / off route / stuck / other",
+                             f"held out ({len(held)} pairs): arrived / collision / off route / stuck / other",
+                             "routes"], body)
 
     body = [[label, _seeds(r, t1["seeds"]), *(_cell(r, k) for k in keys6)] for label, r in guided]
     out["guidance"] = _table(["found_rl_clip, SAC", "seeds", *head6], body)
