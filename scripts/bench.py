@@ -549,7 +549,6 @@ def bench_update(args) -> dict:
         for b in sizes:
             for mode in modes:
                 times[b, mode].append(run(b, mode, args.updates))
-    out = {}
     def sample_ms(b: int, mode: str, n: int) -> float:  # drawing + expanding + moving one batch
         use(mode)
         ts = []
@@ -564,6 +563,7 @@ def bench_update(args) -> dict:
             ts.append((time.perf_counter() - t) / n * 1000)
         return statistics.median(ts)
 
+    out = {}
     for (b, mode), ts in times.items():
         ms = statistics.median(ts)
         use(mode)
