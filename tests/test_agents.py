@@ -152,6 +152,10 @@ def test_codes_kept_on_the_device_give_the_same_samples_as_the_host_arrays(rollo
     mirrored = bufs[1]
     codes, pals = mirrored.device_codes()["bev"]
     assert np.array_equal(codes.numpy(), mirrored.codes["bev"]) and np.array_equal(pals.numpy(), mirrored.palettes["bev"])
+    # the copy's size is logged beside the host arrays' (codes and palettes only)
+    assert mirrored.stats()["buffer/device_megabytes"] == pytest.approx(
+        (mirrored.codes["bev"].nbytes + mirrored.palettes["bev"].nbytes) / 1e6)
+    assert "buffer/device_megabytes" not in bufs[0].stats()
     loaded = pickle.loads(pickle.dumps(mirrored))
     assert loaded._mirror is None and "_mirror" not in loaded.__dict__
     slots = loaded.slots(LABELLED)

@@ -709,4 +709,6 @@ class RelabelReplayBuffer(ReplayBuffer):
                 **({"buffer/views_dropped": self.views_dropped} if self.keep_views else {}),
                 **({"buffer/guided": int(self.guide_mask.reshape(-1)[self.slots()].sum())}
                    if self.guidance else {}),
-                "buffer/megabytes": self.nbytes() / 1e6}
+                "buffer/megabytes": self.nbytes() / 1e6,
+                **({"buffer/device_megabytes": sum(t.nbytes for pair in self._mirror.values() for t in pair) / 1e6}
+                   if self._mirror is not None else {})}
