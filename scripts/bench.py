@@ -296,7 +296,10 @@ def bench_sim(args) -> dict:
     rm = load_town(args.town)
     traffic = traffic_overrides(args)
     base = SimConfig.from_dict({"traffic": traffic})
-    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density, base=base), args.seed)
+    counts = {} if getattr(args, "vehicles", None) is None else {"vehicles": args.vehicles}
+    if counts and args.vehicles < 0:
+        raise SystemExit(f"sim: --vehicles must be >= 0, got {args.vehicles}")
+    world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density, base=base, **counts), args.seed)
     route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
         snap = world.step(pilot.act(snap))
@@ -335,7 +338,7 @@ def bench_sim(args) -> dict:
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,
-        "traffic": traffic,
+        "traffic": traffic, **({"vehicles_asked": args.vehicles} if counts else {}),
         "simulated_s": round(steps * world.cfg.dt, 1), "steps": steps,
         "steps_per_s": round(steps / t_world, 1),
         "steps_per_cpu_s": round(steps / max(c_world, 1e-9), 1),
@@ -1361,6 +1364,9 @@ def main(argv=None):
     s = timed("sim", "embedded simulator world steps/s and background collisions", "dense", 600.0)
     s.add_argument("--traffic", action="append", metavar="KEY=VALUE",
                    help="a sim.traffic setting (repeatable), e.g. junction_release=connector")
+    s.add_argument("--vehicles", type=int, default=None, metavar="N",
+                   help="N vehicles instead of the density's (its other actors unchanged): NPC speed "
+                        "against the number of vehicles, down to 1 (the lights' and turns' bound)")
     s.add_argument("--breakdown", action="store_true",
                    help="also report where the NPCs' time goes (slow: a Python loop per step)")
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)

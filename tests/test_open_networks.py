@@ -195,6 +195,12 @@ def test_bench_sim_runs_on_an_open_road_and_restarts_its_ego_elsewhere(tmp_path,
     assert out["ego_restarts"] >= 1 and out["ego_routes_completed"] >= out["ego_restarts"]
     assert out["ego_collisions"] == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"what": "sim"')
+    # --vehicles N: N vehicles instead of the density's, the rest of its actors as they are
+    few = load_script("bench").main(["sim", "--town", "open_road", "--density", "regular",
+                                     "--seconds", "30", "--cores", "0", "--vehicles", "2"])
+    assert few["vehicles_asked"] == 2 and few["vehicles"] == 2 and "vehicles_asked" not in out
+    with pytest.raises(SystemExit, match="--vehicles must be >= 0"):
+        load_script("bench").main(["sim", "--town", "open_road", "--vehicles", "-1"])
 
 
 # A 90-degree turn written as editors export junction turns: a clothoid from straight to
