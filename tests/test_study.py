@@ -169,6 +169,9 @@ def test_report_groups_by_method_and_aggregates_over_seeds(study):
     assert full["SR_std"] == pytest.approx(np.std(srs, ddof=1))
     assert full["RC"] == pytest.approx(np.mean([0.2, 0.5, 0.9]))
     assert full["CR"] == pytest.approx(np.mean([0.0, 0.1, 0.2]))
+    # how its 30 routes end: 16 arrive (route 8 of seed 2 after its collision), 2 end in a
+    # collision, the other 12 end otherwise (these records name no termination)
+    assert full["endings"] == {"arrived": 16, "collision": 2, "off_route": 0, "stuck": 0, "other": 12}
     chen = row(rep, "chen-sac", *T2)  # the failed seed is listed, not averaged
     assert chen["n"] == chen["runs"] == 2 and chen["failed"] == ["2-chen-s2"]
     assert chen["AS"] == pytest.approx(27.5) and chen["AS_std"] == pytest.approx(np.std([30, 25], ddof=1))
@@ -199,7 +202,7 @@ def test_report_script_writes_files_and_json(study, tmp_path, capsys):
     md = (out / "report.md").read_text()
     t1d = md.split("## Town01 × dense")[1].split("##")[0]
     chen_line = next(line for line in t1d.splitlines() if line.startswith("| chen-sac"))
-    assert "missing" in chen_line and "| 0/2 |" in chen_line
+    assert "missing" in chen_line and "| 0/2 |" in chen_line and chen_line.rstrip().endswith("| - |")
     assert "4-dm-noaicr-s1" in t1d  # the run that lacks it is named
     assert "2-chen-s2" in md and "failed: RuntimeError: boom" in md
     t2 = md.split("## Town02 × regular")[1].split("##")[0]
@@ -209,6 +212,10 @@ def test_report_script_writes_files_and_json(study, tmp_path, capsys):
     ours = [r for r in table if r["source"] == "ours" and r["method"] == "drivemind-sac"
             and r["town"] == "Town02"]
     assert len(ours) == 1 and float(ours[0]["SR"]) == pytest.approx(np.mean([0.2, 0.5, 0.8]))
+    assert [ours[0][f"ends_{k}"] for k in ("arrived", "collision", "off_route", "stuck", "other")] == \
+        ["16", "2", "0", "0", "12"]
+    dm_line = next(line for line in t2.splitlines() if line.startswith("| drivemind-sac |"))
+    assert dm_line.rstrip().endswith("| 0.53 / 0.07 / 0.00 / 0.00 / 0.40 |")
     with open(out / "curves.csv", newline="") as f:
         curves = list(csv.DictReader(f))
     assert {r["method"] for r in curves} == set(last["methods"])  # from the real episodes.csv

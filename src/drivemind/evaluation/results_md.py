@@ -36,11 +36,10 @@ import re
 from .contrasts import contrast, format_interval
 from .published import DM_T1, DM_T2, published_for
 from .report import METRIC_COLUMNS, _table
+from .study import ENDINGS, endings_cell
 
 BLOCKS = ("progress", "table1", "table2", "ppo", "heldout", "endings", "guidance", "contrasts")
-# how an evaluation route ends (its record's ``arrived`` / ``termination``), in the block's order;
-# anything else (a time limit, an ending added later) is ``other``
-ENDINGS = ("arrived", "collision", "off_route", "stuck")
+
 ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
              ("hvfr", "NoHVFR (`hvfr`)"), ("pcfm", "NoPCFM (`pcfm`)"))
 _MISSING = object()
@@ -106,22 +105,15 @@ def _paper(reward: str, algo: str, town: str, density: str, keys, ablate=None, s
     return "(not in the table)"
 
 
-def ending_shares(report: dict, row: dict | None, evals) -> tuple[str, int]:
-    """``"a / c / o / s / x"``: the shares of ``ENDINGS`` (and other) among the evaluation routes
-    of ``row``'s method (every finished seed) on ``evals`` [(town, density), ...], and the number
-    of routes; ``("pending", 0)`` when there are none."""
-    counts = dict.fromkeys((*ENDINGS, "other"), 0)
-    if row is not None:
-        method = next(m for m in report["methods"] if m["label"] == row["method"])
-        for run in method["ok"]:
-            for key in evals:
-                for route in run["routes"].get(tuple(key), []):
-                    end = "arrived" if route.get("arrived") else str(route.get("termination") or "")
-                    counts[end if end in counts else "other"] += 1
+def ending_shares(rows: list[dict]) -> tuple[str, int]:
+    """The shares of ``ENDINGS`` among the evaluation routes of report ``rows`` together (one
+    method's rows on several evaluations; None for a method with none), and their number."""
+    counts = dict.fromkeys(ENDINGS, 0)
+    for row in rows:
+        for k, v in ((row or {}).get("endings") or {}).items():
+            counts[k] += v
     n = sum(counts.values())
-    if not n:
-        return "pending", 0
-    return " / ".join(f"{c / n:.2f}" for c in counts.values()), n
+    return (endings_cell(counts) if n else "pending"), n
 
 
 def render_blocks(report: dict, spec: dict) -> dict[str, str]:
@@ -175,8 +167,10 @@ def render_blocks(report: dict, spec: dict) -> dict[str, str]:
     body = []
     for name, row in ([(rew, r) for rew, r in sac] + [(f"drivemind {label.split(' ')[0]}", r) for _, label, r in ablations[1:]]
                       + [(f"{rew} (PPO)", r) for rew, r in on_policy] + [("found_rl_clip guided", guided[1][1])]):
-        here, n_here = ending_shares(report, row, [(town, density)])
-        away, n_away = ending_shares(report, row, held)
+        here, n_here = ending_shares([row])
+        away, n_away = ending_shares([next((r for r in rows if r["method"] == row["method"]
+                                            and (r["town"], r["density"]) == tuple(e)), None)
+                                      for e in held] if row else [])
         body.append([name, str(row["n"] if row else 0), here, away, f"{n_here} / {n_away}"])
     out["endings"] = _table(["method", "seeds", f"{town} {density}: arrived / collision / off route / stuck / other",
                              f"held out ({len(held)} pairs): arrived / collision / off route / stuck / other",

@@ -55,6 +55,24 @@ CURVE_KEYS = ("AS", "RC", "TD", "CR", "return")
 CURVE_LABELS = {"AS": "AS (km/h)", "RC": "RC (routes / episode)", "TD": "TD (m)",
                 "CR": "CR (collision rate)", "return": "task return / episode"}
 GRID_POINTS = 101
+# how an evaluation route ends (its record's ``arrived`` / ``termination``); anything else (a red
+# light, a time limit, an ending added later) counts as ``other``
+ENDINGS = ("arrived", "collision", "off_route", "stuck", "other")
+
+
+def route_endings(routes) -> dict[str, int]:
+    """``{ending: count}`` over route records (``ENDINGS``, every key present)."""
+    counts = dict.fromkeys(ENDINGS, 0)
+    for route in routes:
+        end = "arrived" if route.get("arrived") else str(route.get("termination") or "")
+        counts[end if end in counts else "other"] += 1
+    return counts
+
+
+def endings_cell(counts: dict[str, int]) -> str:
+    """``"a / c / o / s / x"``: the share of each of ``ENDINGS``, or ``-`` without routes."""
+    n = sum(counts.values())
+    return " / ".join(f"{counts[k] / n:.2f}" for k in ENDINGS) if n else "-"
 
 
 # ---------------------------------------------------------------------------- runs
@@ -273,6 +291,7 @@ def build_report(runs: list[dict]) -> dict:
                    "failed": [r["name"] for r in m["failed"]]}
             for k in METRIC_KEYS:
                 row[k], row[f"{k}_std"] = _mean_std([r["evals"][(town, density)].get(k) for r in have])
+            row["endings"] = route_endings(x for r in have for x in r["routes"].get((town, density), []))
             rows.append(row)
             for p in published_for(row["reward"], row["ablate"], row["algo"], town, density):
                 published.append({**p, "method": m["label"]})
@@ -448,16 +467,18 @@ def report_markdown(report: dict, curves_png: str | None, eval_pngs: dict) -> st
     if failed:
         lines += ["Failed or incomplete runs (not averaged): " +
                   "; ".join(f"{r['name']} ({r['status']})" for r in failed), ""]
-    header = ["method", "seeds", *(METRIC_COLUMNS[k][0] for k in METRIC_KEYS)]
+    header = ["method", "seeds", *(METRIC_COLUMNS[k][0] for k in METRIC_KEYS),
+              "routes end: arrived / collision / off route / stuck / other"]
     for town, density in report["evals"]:
         rows = [r for r in report["rows"] if (r["town"], r["density"]) == (town, density)]
         body = []
         for row in rows:
-            body.append([row["method"], f"{row['n']}/{row['runs']}", *(_cell(row, k) for k in METRIC_KEYS)])
+            body.append([row["method"], f"{row['n']}/{row['runs']}", *(_cell(row, k) for k in METRIC_KEYS),
+                         endings_cell(row["endings"])])
             for p in report["published"]:
                 if p["method"] == row["method"] and (p["town"], p["density"]) == (town, density):
                     body.append([f"↳ published: {p['label']} ({p['source']})", "3",
-                                 *(_pub_cell(p, k) for k in METRIC_KEYS)])
+                                 *(_pub_cell(p, k) for k in METRIC_KEYS), ""])
         lines += [f"## {town} × {density}", "", *_table(header, body), ""]
         miss = [f"{row['method']}: {', '.join(row['missing'])}" for row in rows if row["missing"]]
         if miss:
@@ -540,7 +561,8 @@ def write_study_report(report: dict, out_dir) -> dict:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     metric_fields = [f for k in METRIC_KEYS for f in (k, f"{k}_std")]
-    table = [{"source": "ours", **r} for r in report["rows"]]
+    table = [{"source": "ours", **{k: v for k, v in r.items() if k != "endings"},
+              **{f"ends_{k}": v for k, v in r["endings"].items()}} for r in report["rows"]]
     for p in report["published"]:
         table.append({"source": p["source"], "method": p["method"], "label": p["label"],
                       "reward": p["reward"], "ablate": p["ablate"], "algo": p["algo"],
@@ -548,7 +570,7 @@ def write_study_report(report: dict, out_dir) -> dict:
                       **{f: v for k, (m, s) in p["metrics"].items() for f, v in ((k, m), (f"{k}_std", s))}})
     _csv(out / "table.csv", table, ["source", "method", "label", "reward", "ablate", "algo", "extra",
                                      "town", "density", "n", "runs", "seeds", "missing", "failed",
-                                     *metric_fields])
+                                     *metric_fields, *(f"ends_{k}" for k in ENDINGS)])
     _csv(out / "runs.csv", [{"method": r.get("method"), "seed": r["seed"], "status": r["status"],
                              "ok": r["ok"], "steps": r["steps"], "wall_s": r["wall_s"], "code": r.get("code", "-"),
                              "machine": r.get("machine", "-"), "evals": [f"{t}-{d}" for t, d in sorted(r["evals"], key=_eval_sort)],
