@@ -310,6 +310,11 @@ def bench_sim(args) -> dict:
     breakdown = TrafficBreakdown(world) if getattr(args, "breakdown", False) else None
     t_world = c_world = 0.0
     npc_speed = 0.0
+    from drivemind.sim.snapshot import ActorClass
+    classes = {c.name.lower(): world.v_cls == int(c) for c in (ActorClass.CAR, ActorClass.MOTORCYCLE,
+                                                               ActorClass.BICYCLE)}
+    classes = {k: m for k, m in classes.items() if m.any()}  # the classes this density has
+    class_speed = dict.fromkeys(classes, 0.0)
     ego_collisions = routes = ego_restarts = 0
     t_all = time.perf_counter()
     for _ in range(steps):
@@ -320,6 +325,8 @@ def bench_sim(args) -> dict:
         c_world += time.process_time() - c
         ego_collisions += len(snap.collisions)
         npc_speed += float(world.v_v.mean()) if len(world.v_v) else 0.0
+        for k, m in classes.items():
+            class_speed[k] += float(world.v_v[m].mean())
         if breakdown is not None:
             breakdown.add()
         if pilot.done:
@@ -346,6 +353,7 @@ def bench_sim(args) -> dict:
         "npc_collisions": world.npc_collision_total,
         **world.spawned,
         "npc_mean_speed_kmh": round(3.6 * npc_speed / steps, 2),
+        "npc_mean_speed_kmh_by_class": {k: round(3.6 * v / steps, 2) for k, v in class_speed.items()},
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
         "npc_exits": world.npc_exits,

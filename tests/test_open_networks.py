@@ -199,6 +199,9 @@ def test_bench_sim_runs_on_an_open_road_and_restarts_its_ego_elsewhere(tmp_path,
     few = load_script("bench").main(["sim", "--town", "open_road", "--density", "regular",
                                      "--seconds", "30", "--cores", "0", "--vehicles", "2"])
     assert few["vehicles_asked"] == 2 and few["vehicles"] == 2 and "vehicles_asked" not in out
+    # cars only at this density: their mean speed is the NPCs' mean speed
+    assert list(out["npc_mean_speed_kmh_by_class"]) == ["car"]
+    assert out["npc_mean_speed_kmh_by_class"]["car"] == pytest.approx(out["npc_mean_speed_kmh"], abs=0.011)
     with pytest.raises(SystemExit, match="--vehicles must be >= 0"):
         load_script("bench").main(["sim", "--town", "open_road", "--vehicles", "-1"])
 
