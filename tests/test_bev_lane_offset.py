@@ -14,7 +14,7 @@ import torch
 from drivemind.bev import BEV_PRESETS, BevConfig
 from drivemind.bev import kernels as K
 from drivemind.bev.lane_offset import RouteOffsetReadout
-from drivemind.vlm.bev_clip import (DEFAULT_NAME, LANE_NAME, BevClip, lane_features,
+from drivemind.vlm.bev_clip import (DEFAULT_NAME, LANE_NAME, BevClip, find_weights, lane_features,
                                     retrieval_accuracy, train_bev_clip, weights_name)
 from drivemind.vlm.captions import describe, situation
 
@@ -206,7 +206,12 @@ def test_vlm_config_selects_the_lane_tower(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cal = load_script("calibrate_reward")
     cfg = cal.compose(["reward=aicr_static", "vlm=bev_clip_speed_lane"])
-    assert cfg["vlm"]["encoder"]["weights"] == LANE_NAME
+    # one config for every BEV: {bev} is the BEV's preset (here cpu) or its CxHxW
+    assert cfg["vlm"]["encoder"]["weights"] == "bev_clip_{bev}_speed_lane.pt"
+    assert find_weights(cfg["vlm"]["encoder"]["weights"], bev_shape=CPU.shape).name == LANE_NAME
+    with pytest.raises(FileNotFoundError, match=r"'bev_clip_15x128x128_speed_lane\.pt' for BEV shape "
+                                                r"15x128x128 not found.*--bev 128 .*--speed-input --lane-input"):
+        find_weights(cfg["vlm"]["encoder"]["weights"], bev_shape=(15, 128, 128))
     embed, text, name = cal.encoder_for(cfg, CPU.shape)
     assert text is None and LANE_NAME in name and "ego speed" in name
     x = np.stack([_route_bev(CPU, lat, 0.0) for lat in (0.0, 2.0)])

@@ -157,8 +157,13 @@ def search_dirs() -> list[Path]:
 
 def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
     """Resolve a weights file: an existing path as given, else its file name in ``search_dirs()``;
-    with no path, the checkpoint named for ``bev_shape`` (:func:`weights_name`). Raises one
-    FileNotFoundError naming the file, the folders searched and the command that trains it."""
+    with no path, the checkpoint named for ``bev_shape`` (:func:`weights_name`). A ``{bev}`` in the
+    path stands for the BEV's part of that name (``cpu``, ``roach``, ``paper`` or ``CxHxW``), so one
+    config serves every preset (``vlm=bev_clip_speed_lane``: ``bev_clip_{bev}_speed_lane.pt``).
+    Raises one FileNotFoundError naming the file, the folders searched and the command that
+    trains it."""
+    if path is not None and "{bev}" in str(path):
+        path = str(path).replace("{bev}", weights_name(bev_shape)[len("bev_clip_"):-len(".pt")])
     name = weights_name(bev_shape) if path is None else str(path)
     p = Path(name).expanduser()
     if path is not None and p.is_file():
