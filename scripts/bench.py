@@ -560,6 +560,7 @@ def bench_update(args) -> dict:
         for b in sizes:
             for mode in modes:
                 times[b, mode].append(run(b, mode, args.updates))
+
     def sample_ms(b: int, mode: str, n: int) -> float:  # drawing + expanding + moving one batch
         use(mode)
         ts = []
