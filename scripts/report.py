@@ -42,7 +42,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--todo", action="store_true",
                     help="also list what the study (experiment=study_*) still lacks: seeds to train per "
                          "table and method, with the command and the method's mean wall time so far, "
-                         "and evaluations not on disk yet (in the JSON as 'todo')")
+                         "runs among the given folders cut short with a checkpoint (to resume, with "
+                         "the resume= command), and evaluations not on disk yet (in the JSON as 'todo')")
     ap.add_argument("--contrast", nargs=2, action="append", metavar=("A", "B"), default=[],
                     help="also print A - B for two methods (labels as the report names them, e.g. "
                          "drivemind-sac vlm_rl-sac) on every evaluation: SR, CR and AS with 95%% "
@@ -92,6 +93,9 @@ def _main(args) -> dict:
                 est = f", ~{it['est_minutes']:g} min each so far" if it["est_minutes"] is not None else ""
                 print(f"[drivemind] todo {it['table']}: train {it['method']} seed(s) {seeds}{est}: "
                       f"{it['command']}", flush=True)
+            elif it["what"] == "resume":
+                print(f"[drivemind] todo {it['table']}: resume {it['method']} seed {seeds} from its "
+                      f"checkpoint at {it['steps']} env steps: {it['command']}", flush=True)
             else:
                 print(f"[drivemind] todo {it['table']}: evaluate {it['method']} seed(s) {seeds} on "
                       f"{it['eval']}: {it['command']}", flush=True)

@@ -709,6 +709,38 @@ def test_report_lists_what_the_study_still_lacks_with_the_commands(study, tmp_pa
     assert "todo table1: train chen seed(s) 2, ~" in out
 
 
+def test_todo_resumes_a_run_cut_short_with_a_checkpoint_and_restarts_a_failed_one(study, real_run, tmp_path, capsys):
+    """report.py --todo: a seed whose run stopped short (killed: no summary.json) with a checkpoint
+    is to be continued (``resume=<run dir>``, the checkpoint's steps), not trained again; a run
+    that failed with an error is trained again even with a checkpoint on disk."""
+    from drivemind.training.callbacks import latest_checkpoint
+
+    root, a, b = study
+    ck = latest_checkpoint(real_run)
+    assert ck and ck["steps"] > 0
+    killed = make_run(real_run, tmp_path / "c" / "2-chen-s2", seed=2, reward=CHEN)
+    (killed / "summary.json").unlink()  # killed with its session: no summary, a checkpoint
+    shutil.copytree(real_run / "checkpoints", killed / "checkpoints")
+    res = load_script("report").main([str(a), str(b), str(tmp_path / "c"), "--out", str(tmp_path / "rep"),
+                                      "--todo"])
+    out = capsys.readouterr().out
+    [resume] = [i for i in res["todo"] if i["what"] == "resume"]
+    assert (resume["table"], resume["method"], resume["seeds"]) == ("table1", "chen", [2])
+    assert resume["steps"] == ck["steps"] and resume["command"] == f"python scripts/train.py resume={killed}"
+    t1_train = [(i["table"], i["method"]) for i in res["todo"] if i["what"] == "train"]
+    assert ("table1", "chen") not in t1_train
+    assert f"todo table1: resume chen seed 2 from its checkpoint at {ck['steps']} env steps" in out
+
+    failed = make_run(real_run, tmp_path / "d" / "2-chen-s2", seed=2, reward=CHEN,
+                      status="failed: RuntimeError: boom")
+    shutil.copytree(real_run / "checkpoints", failed / "checkpoints")
+    res = load_script("report").main([str(a), str(b), str(tmp_path / "d"), "--out", str(tmp_path / "rep2"),
+                                      "--todo"])
+    assert not [i for i in res["todo"] if i["what"] == "resume"]
+    [chen] = [i for i in res["todo"] if (i["what"], i["table"], i["method"]) == ("train", "table1", "chen")]
+    assert chen["seeds"] == [2]
+
+
 def test_every_todo_command_composes_as_hydra_composes_it_before_a_sweep(study, tmp_path):
     """Before it sweeps, Hydra composes the command line alone (the sweeper's params not yet
     applied): each training command --todo prints must compose that way, and again with the first

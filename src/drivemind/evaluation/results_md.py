@@ -263,17 +263,42 @@ def _seed_list(seeds) -> str:
 def todo(report: dict, spec: dict) -> list[dict]:
     """What the study still lacks, from the same picks as :func:`render_blocks`: per table and
     method the seeds not trained yet (``"train"``, with the command that trains them and the mean
-    wall time of the method's finished runs, ``est_minutes``, None when it has none), and per
-    trained method the evaluations not on disk yet (``"evaluate"``: ``scripts/study.py`` on the
-    runs' folders does them and skips what is there)."""
+    wall time of the method's finished runs, ``est_minutes``, None when it has none); a seed whose
+    run among the given folders stopped short with a checkpoint is to be continued instead
+    (``"resume"``, one item per run, with ``python scripts/train.py resume=<run dir>`` and the
+    checkpoint's ``steps``); and per trained method the evaluations not on disk yet
+    (``"evaluate"``: ``scripts/study.py`` on the runs' folders does them and skips what is
+    there)."""
+    from ..training.callbacks import latest_checkpoint
+
     rows, t1, ppo = report["rows"], spec["table1"], spec["ppo"]
     town, density = t1["train"]
     wall = {m["label"]: [r["wall_s"] for r in m["ok"] if r.get("wall_s")] for m in report["methods"]}
     items = []
 
+    def resumable(method: str, seeds) -> dict:
+        """seed -> (run, checkpoint entry) of the method's unfinished runs that can go on; of two
+        for one seed, the one furthest on."""
+        out = {}
+        for run in report["runs"]:
+            if run["ok"] or run.get("method") != method or str(run["seed"]) not in seeds:
+                continue
+            if str(run["status"]).startswith("failed"):  # an error: start again, not from its checkpoint
+                continue
+            ck, best = latest_checkpoint(run["path"]), out.get(str(run["seed"]))
+            if ck and (best is None or int(ck.get("steps") or 0) > int(best[1].get("steps") or 0)):
+                out[str(run["seed"])] = (run, ck)
+        return out
+
     def train(table, label, r, n, command):
         done = {str(x) for x in (r["trained_seeds"] if r else [])}
         seeds = [s for s in range(n) if str(s) not in done]
+        cont = resumable(r["method"], {str(s) for s in seeds}) if r else {}
+        for seed, (run, ck) in sorted(cont.items()):
+            items.append({"what": "resume", "table": table, "method": label, "seeds": [run["seed"]],
+                          "steps": int(ck.get("steps") or 0), "run": str(run["path"]),
+                          "command": f"python scripts/train.py resume={run['path']}"})
+        seeds = [s for s in seeds if str(s) not in cont]
         if seeds:
             w = wall.get(r["method"]) if r else None
             items.append({"what": "train", "table": table, "method": label, "seeds": seeds,
