@@ -265,7 +265,7 @@ def todo(report: dict, spec: dict) -> list[dict]:
     method the seeds not trained yet (``"train"``, with the command that trains them and the mean
     wall time of the method's finished runs, ``est_minutes``, None when it has none); a seed whose
     run among the given folders stopped short with a checkpoint is to be continued instead
-    (``"resume"``, one item per run, with ``python scripts/train.py resume=<run dir>`` and the
+    (``"resume"``, one item per seed, its run furthest on, with ``python scripts/train.py resume=<run dir>`` and the
     checkpoint's ``steps``); and per trained method the evaluations not on disk yet
     (``"evaluate"``: ``scripts/study.py`` on the runs' folders does them and skips what is
     there)."""
@@ -294,7 +294,7 @@ def todo(report: dict, spec: dict) -> list[dict]:
         done = {str(x) for x in (r["trained_seeds"] if r else [])}
         seeds = [s for s in range(n) if str(s) not in done]
         cont = resumable(r["method"], {str(s) for s in seeds}) if r else {}
-        for seed, (run, ck) in sorted(cont.items()):
+        for _, (run, ck) in sorted(cont.items()):
             items.append({"what": "resume", "table": table, "method": label, "seeds": [run["seed"]],
                           "steps": int(ck.get("steps") or 0), "run": str(run["path"]),
                           "command": f"python scripts/train.py resume={run['path']}"})
