@@ -264,11 +264,12 @@ def todo(report: dict, spec: dict) -> list[dict]:
     """What the study still lacks, from the same picks as :func:`render_blocks`: per table and
     method the seeds not trained yet (``"train"``, with the command that trains them and the mean
     wall time of the method's finished runs, ``est_minutes``, None when it has none); a seed whose
-    run among the given folders stopped short with a checkpoint is to be continued instead
-    (``"resume"``, one item per seed, its run furthest on, with ``python scripts/train.py resume=<run dir>`` and the
-    checkpoint's ``steps``); and per trained method the evaluations not on disk yet
-    (``"evaluate"``: ``scripts/study.py`` on the runs' folders does them and skips what is
-    there)."""
+    run among the given folders is ``incomplete`` (killed, or stopped by a signal:
+    :func:`drivemind.evaluation.study.load_run`) with a checkpoint is to be continued instead
+    (``"resume"``, one item per seed, its run furthest on, with ``python scripts/train.py
+    resume=<run dir>`` and the checkpoint's ``steps``); and per trained method the evaluations not
+    on disk yet (``"evaluate"``: ``scripts/study.py`` on the runs' folders does them and skips
+    what is there)."""
     from ..training.callbacks import latest_checkpoint
 
     rows, t1, ppo = report["rows"], spec["table1"], spec["ppo"]
@@ -277,13 +278,12 @@ def todo(report: dict, spec: dict) -> list[dict]:
     items = []
 
     def resumable(method: str, seeds) -> dict:
-        """seed -> (run, checkpoint entry) of the method's unfinished runs that can go on; of two
-        for one seed, the one furthest on."""
+        """seed -> (run, checkpoint entry) of the method's incomplete runs that can go on (a
+        failed one starts again); of two for one seed, the one furthest on."""
         out = {}
         for run in report["runs"]:
-            if run["ok"] or run.get("method") != method or str(run["seed"]) not in seeds:
-                continue
-            if str(run["status"]).startswith("failed"):  # an error: start again, not from its checkpoint
+            if (not str(run["status"]).startswith("incomplete") or run.get("method") != method
+                    or str(run["seed"]) not in seeds):
                 continue
             ck, best = latest_checkpoint(run["path"]), out.get(str(run["seed"]))
             if ck and (best is None or int(ck.get("steps") or 0) > int(best[1].get("steps") or 0)):
