@@ -1074,19 +1074,25 @@ def bench_side_by_side(args) -> dict:
             **machine()}
 
 
-def _reward_factory(name: str, overrides: dict | None = None):
+def _reward_factory(name: str, overrides: dict | None = None, tower: str = "bev_clip_cpu.pt"):
     """A builder of fresh ``name`` rewards with configs/reward/<name>.yaml's params (the ones
-    training uses) updated by ``overrides``; DriveMind's prompt generator inline (deterministic
-    prompt ids)."""
+    training uses) updated by ``overrides``, a null CLG window being the one measured for the
+    image ``tower`` (drivemind.rewards.windows, as training resolves it); DriveMind's prompt
+    generator inline (deterministic prompt ids)."""
     from omegaconf import OmegaConf
 
     from drivemind.rewards import make_reward, reward_params
+    from drivemind.rewards.windows import resolve_window
 
     path = Path(__file__).resolve().parents[1] / "configs" / "reward" / f"{name}.yaml"
     params = {}
     if path.exists():
         params = dict(OmegaConf.to_container(OmegaConf.load(path), resolve=True).get("params") or {})
     params.update(overrides or {})
+    try:
+        params = resolve_window(name, params, tower)
+    except ValueError as e:
+        raise TypeError(str(e)) from None
     if "asynchronous" in reward_params(name):
         params["asynchronous"] = False
     make_reward(name, **params)  # an unknown parameter fails here, naming the valid ones
@@ -1160,10 +1166,6 @@ def bench_reward_quality(args) -> dict:
     if bad:
         raise SystemExit(f"unknown reward(s) {bad}; valid: {', '.join(REWARDS)}")
     overrides = _param_overrides(args.set, names)
-    try:
-        factories = {n: _reward_factory(n, overrides.get(n)) for n in names}
-    except TypeError as e:
-        raise SystemExit(f"reward-quality --set: {e}") from None
     cfg = _heldout_config(args, "reward-quality")
     t0 = time.perf_counter()
     embed_speed = False  # the encoder also reads each frame's ego speed (BEV-CLIP's speed tower)
@@ -1185,6 +1187,7 @@ def bench_reward_quality(args) -> dict:
         except (ImportError, ValueError, FileNotFoundError) as e:
             raise SystemExit(f"reward-quality --vlm openclip: {e}") from None
         embed, text, encoder_name = enc.embed, enc, enc.name
+        tower = f"openclip:{enc_cfg.get('model_name') or enc_cfg.get('weights_path') or '?'}"
     else:
         from drivemind.bev import BEV_PRESETS
         from drivemind.vlm.bev_clip import BevClip
@@ -1203,6 +1206,11 @@ def bench_reward_quality(args) -> dict:
             encoder_name = f"bev_clip[{model.path.name}, ego speed]+minilm"
         elif args.weights_path:
             encoder_name = f"bev_clip[{model.path.name}]+minilm"
+        tower = model.path.name
+    try:  # VLM-RL's / DriveVLM-RL's null window: the one measured for this tower
+        factories = {n: _reward_factory(n, overrides.get(n), tower) for n in names}
+    except TypeError as e:
+        raise SystemExit(f"reward-quality --set: {e}") from None
     total = len(cfg.towns) * len(cfg.densities) * len(cfg.drivers) * cfg.steps
     with tqdm(total=total, desc="held-out set", unit="step", disable=not args.progress) as bar:
         data = collect(cfg, embed=embed, progress=bar,

@@ -382,6 +382,10 @@ def test_train_with_vlm_rl_through_the_config(tmp_path):
                            "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=10",
                            "log_interval=1", "checkpoint_every=0", "torch_threads=1"), tmp_path / "run")
     assert summary["status"] == "finished" and summary["reward"] == "vlm_rl"
+    # the config's null window is resolved for the tower (the default bev_clip_cpu.pt) and saved
+    from drivemind.rewards.windows import CLG_WINDOWS
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["reward"]["params"]
+    assert (saved["theta_min"], saved["theta_max"]) == CLG_WINDOWS["vlm_rl"]["bev_clip_cpu.pt"]
     head = (tmp_path / "run" / "logs" / "progress.csv").read_text().splitlines()[0]
     assert "reward/synth.synth" in head and "reward/task.progress" in head  # terms are logged
 

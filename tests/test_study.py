@@ -24,6 +24,7 @@ from drivemind.evaluation.metrics import EpisodeRecord
 from drivemind.evaluation.study import build_report, find_runs, flatten, method_curves
 from drivemind.naming import MAX_LEN
 from drivemind.training import train
+from drivemind.training.build import with_reward_window
 from drivemind.training.evaluate import evaluate_run
 from script_loader import load_script
 
@@ -450,7 +451,8 @@ def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
                      f"seed={old['seed']}", f"algo={old['algo']['name']}"]
         if old["reward"].get("ablate", "none") != "none":
             overrides.append(f"reward.ablate={old['reward']['ablate']}")
-        new = flatten(resolved(*overrides))
+        # as train() saves it: a null CLG window resolved for the run's tower (rewards.windows)
+        new = flatten(with_reward_window(resolved(*overrides)))
         old = flatten(old)
         for key, value in ADDED_AFTER_THE_STUDY_BEGAN.items():  # pinned, checked above
             if key not in old and new.get(key) == value:

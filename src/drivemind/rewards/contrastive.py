@@ -39,6 +39,7 @@ import numpy as np
 
 from .base import Composite, LabelContext, Reward
 from .kinematic import Task
+from .windows import CLG_WINDOWS
 from . import semantic as _semantic
 from .semantic import shared_text_encoder
 
@@ -50,7 +51,7 @@ SAFE_DRIVING = "A car is driving safely"
 A_CAR = "A car"
 # The CLG window of the shipped BEV-CLIP (scripts/calibrate_reward.py reward=vlm_rl; docs/rewards.md).
 # VLM-RL's own window for ViT-bigG-14 is (-0.03, 0.0).
-BEVCLIP_WINDOW = (-0.0779, 0.2492)  # the shipped multi-family BEV-CLIP, full recipe (docs/rewards.md)
+BEVCLIP_WINDOW = CLG_WINDOWS["vlm_rl"]["bev_clip_cpu.pt"]  # the default tower's: (-0.0779, 0.2492)
 PAPER_WINDOW = (-0.03, 0.0)
 
 
@@ -168,13 +169,18 @@ class VLMRLSynth(CLG):
 
     name = "vlm_rl_synth"
     needs = ("embedding", "speed_kmh", "lateral_offset", "heading_error", "lateral_oscillation")
+    # the window when none is given: the one measured for the default tower (a run resolves its
+    # own tower's from drivemind.rewards.windows before building the reward)
+    default_window = BEVCLIP_WINDOW
 
     def __init__(self, positive: str = VLMRL_POSITIVE, negative: str = VLMRL_NEGATIVE,
-                 alpha: float = 0.5, beta: float = 0.5, theta_min: float = BEVCLIP_WINDOW[0],
-                 theta_max: float = BEVCLIP_WINDOW[1], v_max_kmh: float = 25.0,
+                 alpha: float = 0.5, beta: float = 0.5, theta_min: float | None = None,
+                 theta_max: float | None = None, v_max_kmh: float = 25.0,
                  max_offset: float = 3.0, max_angle: float = math.pi / 2,
                  max_oscillation: float = 0.4, text_encoder=None):
         super().__init__(positive, negative, alpha, beta, text_encoder)
+        if theta_min is None and theta_max is None:  # the default tower's (bev_clip_cpu.pt) window
+            theta_min, theta_max = self.default_window
         _finite(theta_min=theta_min, theta_max=theta_max, v_max_kmh=v_max_kmh, max_offset=max_offset,
                 max_angle=max_angle, max_oscillation=max_oscillation)
         if not theta_min < theta_max:
@@ -229,10 +235,11 @@ class VLMRLSynth(CLG):
 
 def vlm_rl(rho: float = 1.0, progress_weight: float = 1.0, failure_penalty: float = -10.0,
            positive: str = VLMRL_POSITIVE, negative: str = VLMRL_NEGATIVE, alpha: float = 0.5,
-           beta: float = 0.5, theta_min: float = BEVCLIP_WINDOW[0], theta_max: float = BEVCLIP_WINDOW[1],
+           beta: float = 0.5, theta_min: float | None = None, theta_max: float | None = None,
            v_max_kmh: float = 25.0, max_offset: float = 3.0, max_angle: float = math.pi / 2,
            max_oscillation: float = 0.4) -> Composite:
     """VLM-RL's final reward (Eq. 12): task + rho R_synth (parts ``task`` and ``synth``).
+    ``theta_min`` / ``theta_max`` both None: the CLG window measured for the default tower.
     ``progress_weight=0`` leaves only the failure penalty from the task part, which is the
     released code's reward (synthesis reward, -10 on a terminal failure)."""
     _finite(rho=rho)

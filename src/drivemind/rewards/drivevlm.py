@@ -49,11 +49,12 @@ import numpy as np
 from .base import Composite, LabelContext
 from .contrastive import VLMRL_NEGATIVE, VLMRL_POSITIVE, VLMRLSynth, _finite, unit_rows
 from .kinematic import Task
+from .windows import CLG_WINDOWS
 
 log = logging.getLogger(__name__)
 
 PAPER_WINDOW = (-0.1, 0.2)
-BEVCLIP_WINDOW = (-0.3472, 0.1951)  # calibrated for the shipped multi-family BEV-CLIP (full recipe): docs/rewards.md (scripts/calibrate_reward.py)
+BEVCLIP_WINDOW = CLG_WINDOWS["drivevlm_rl"]["bev_clip_cpu.pt"]  # the default tower's: (-0.3472, 0.1951)
 DETECTORS = ("privileged", "yolo")
 REASONERS = ("privileged", "qwen_vl", "tiny_qwen_vl")
 
@@ -124,10 +125,11 @@ class DriveVLMSynth(VLMRLSynth):
     needs = ("embedding", "speed_kmh", "lateral_offset", "heading_error", "lateral_oscillation",
              "critical_count", "risk_id")
     optional = ("view_embedding",)
+    default_window = BEVCLIP_WINDOW
 
     def __init__(self, positive: str = VLMRL_POSITIVE, negative: str = VLMRL_NEGATIVE,
-                 alpha: float = 0.5, beta: float = 0.5, theta_min: float = BEVCLIP_WINDOW[0],
-                 theta_max: float = BEVCLIP_WINDOW[1], v_max_kmh: float = 25.0,
+                 alpha: float = 0.5, beta: float = 0.5, theta_min: float | None = None,
+                 theta_max: float | None = None, v_max_kmh: float = 25.0,
                  max_offset: float = 3.0, max_angle: float = math.pi / 2, max_oscillation: float = 0.4,
                  detector: str = "privileged", reasoner: str = "privileged",
                  detector_kwargs: dict | None = None, reasoner_kwargs: dict | None = None,
@@ -371,8 +373,8 @@ class DriveVLMSynth(VLMRLSynth):
 
 def drivevlm_rl(rho: float = 1.0, progress_weight: float = 1.0, failure_penalty: float = -10.0,
                 positive: str = VLMRL_POSITIVE, negative: str = VLMRL_NEGATIVE, alpha: float = 0.5,
-                beta: float = 0.5, theta_min: float = BEVCLIP_WINDOW[0],
-                theta_max: float = BEVCLIP_WINDOW[1], v_max_kmh: float = 25.0,
+                beta: float = 0.5, theta_min: float | None = None,
+                theta_max: float | None = None, v_max_kmh: float = 25.0,
                 max_offset: float = 3.0, max_angle: float = math.pi / 2, max_oscillation: float = 0.4,
                 detector: str = "privileged", reasoner: str = "privileged",
                 detector_kwargs: dict | None = None, reasoner_kwargs: dict | None = None) -> Composite:

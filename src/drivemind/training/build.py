@@ -126,10 +126,33 @@ def make_vec_env(cfg: dict):
     return venv
 
 
+def with_reward_window(cfg: dict) -> dict:
+    """``cfg`` with a ``null`` CLG window of ``reward.params`` (VLM-RL, DriveVLM-RL) replaced by
+    the window measured for the image tower the config embeds with (``vlm`` and the BEV's shape;
+    :mod:`drivemind.rewards.windows`); any other config comes back as it is. ``train`` applies it
+    before it saves a run's config, so the run keeps the numbers it trained with."""
+    from ..rewards.windows import CLG_WINDOWS, resolve_window, tower_name
+
+    r = cfg.get("reward") or {}
+    params = r.get("params") if isinstance(r, dict) else None
+    if r.get("name") not in CLG_WINDOWS or not isinstance(params, dict):
+        return cfg
+    if params.get("theta_min") is not None and params.get("theta_max") is not None:
+        return cfg
+    from ..bev.config import BevConfig
+
+    bev = (cfg.get("obs") or {}).get("bev") or {}
+    if isinstance(bev, dict):  # null entries mean "the preset's value" (as env_kwargs reads them)
+        bev = {k: v for k, v in bev.items() if v is not None}
+    shape = BevConfig.from_dict({"preset": bev} if isinstance(bev, str) else bev).shape
+    tower = tower_name(cfg.get("vlm"), shape)
+    return {**cfg, "reward": {**r, "params": resolve_window(str(r["name"]), params, tower)}}
+
+
 def make_reward_from_cfg(cfg: dict):
     from ..rewards import make_reward
 
-    r = _sub(cfg, "reward")
+    r = _sub(with_reward_window(cfg), "reward")
     if "name" not in r:
         raise ValueError("config needs reward.name (choose reward=<name>)")
     name, params = str(r["name"]), dict(r.get("params") or {})

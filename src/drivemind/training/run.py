@@ -23,7 +23,7 @@ import yaml
 from ..evaluation import compute_metrics
 from ..paths import code_version
 from .build import (apply_torch_threads, check_compatible, make_model, make_reward_from_cfg, make_vec_env,
-                    observation_signature, study_world)
+                    observation_signature, study_world, with_reward_window)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
                         save_checkpoint, trim_episodes)
 from .validate import validate_config
@@ -129,6 +129,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     if resume:
         cfg, entry = resumed_config(run_dir, cfg)
     validate_config(cfg, resumed=resume)
+    cfg = with_reward_window(cfg)  # a null CLG window -> the tower's measured one, saved with the run
     if not resume:
         held = [f for f in ("summary.json", "checkpoints/latest.json") if (run_dir / f).exists()]
         if held:
