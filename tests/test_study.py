@@ -775,3 +775,25 @@ def test_every_todo_command_composes_as_hydra_composes_it_before_a_sweep(study, 
             cfg = compose("config", overrides=job)
             if "reward.ablate=" in c:
                 assert cfg.reward.ablate == c.split("reward.ablate=")[1].split()[0]
+
+
+def test_a_key_a_table_does_not_set_matches_runs_whose_config_lacks_it():
+    """Once a guided SAC run makes ``algo.guidance`` split the report's methods, the PPO runs
+    (whose configs have no such key: the report's "<unset>") are still PPO's table rows; a guided
+    run is only picked where a block asks for ``both``."""
+    from drivemind.evaluation.results_md import pick
+    from drivemind.evaluation.study import _MISSING
+
+    def row(reward, algo, guidance):
+        return {"reward": reward, "ablate": None, "algo": algo, "town": "Town02", "density": "regular",
+                "extra": {"algo.guidance": guidance}, "n": 3}
+
+    ppo, sac, guided = row("chen", "ppo", _MISSING), row("found_rl_clip", "sac", "none"), \
+        row("found_rl_clip", "sac", "both")
+    rows = [guided, ppo, sac]
+    where = dict(town="Town02", density="regular")
+    assert pick(rows, {}, reward="chen", algo="ppo", **where) is ppo  # PPO's protocol lacks the key
+    assert pick(rows, {"algo.guidance": "none"}, reward="found_rl_clip", algo="sac", **where) is sac
+    assert pick(rows, {"algo.guidance": "none"}, reward="found_rl_clip", algo="sac",
+                overrides={"algo.guidance": "both"}, **where) is guided
+    assert pick(rows, {"algo.guidance": "none"}, reward="chen", algo="ppo", **where) is None
