@@ -451,6 +451,8 @@ def test_the_study_protocol_is_still_the_one_the_archived_runs_used():
                      f"seed={old['seed']}", f"algo={old['algo']['name']}"]
         if old["reward"].get("ablate", "none") != "none":
             overrides.append(f"reward.ablate={old['reward']['ablate']}")
+        if old["algo"].get("guidance", "none") != "none":  # the Found-RL guidance row
+            overrides.append(f"algo.guidance={old['algo']['guidance']}")
         # as train() saves it: a null CLG window resolved for the run's tower (rewards.windows)
         new = flatten(with_reward_window(resolved(*overrides)))
         old = flatten(old)
