@@ -36,16 +36,16 @@ import re
 from .contrasts import contrast, format_interval
 from .published import DM_T1, DM_T2, published_for
 from .report import METRIC_COLUMNS, _table
-from .study import _MISSING as UNSET
+from .study import _MISSING  # the report's "<unset>" (see below)
 from .study import ENDINGS, endings_cell
 
 BLOCKS = ("progress", "table1", "table2", "ppo", "heldout", "endings", "guidance", "contrasts")
 
 ABLATIONS = (("none", "Full (`reward.ablate=none`)"), ("aicr", "NoAICR (`aicr`)"),
              ("hvfr", "NoHVFR (`hvfr`)"), ("pcfm", "NoPCFM (`pcfm`)"))
-# a key the protocol does not set matches a run whose config lacks it (the report's "<unset>":
-# PPO runs have no ``algo.guidance`` once a guided SAC run makes that key split methods)
-_MISSING = UNSET
+# pick(): a key the protocol does not set matches a run whose config lacks it (the report's
+# "<unset>", _MISSING: PPO runs have no ``algo.guidance`` once a guided SAC run makes that key
+# split methods)
 # The papers' orderings (issue 16's "say what holds") as contrasts A - B of SAC runs: (claim, A,
 # B, metrics); a side is (reward, reward.ablate). B None: A's own interval (a claim about one method).
 CONTRASTS = (

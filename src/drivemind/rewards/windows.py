@@ -51,19 +51,14 @@ def tower_name(vlm: dict | None, bev_shape=None) -> str:
     """The image tower a run embeds its BEVs with, as the windows table names it: the BEV-CLIP
     checkpoint's file name (``vlm.encoder.weights`` with ``{bev}`` filled in, or the shipped one
     for ``bev_shape``), or ``<kind>:<model>`` for another encoder (``openclip:ViT-B-32``)."""
-    from ..vlm.bev_clip import weights_name
+    from ..vlm.bev_clip import fill_bev, weights_name
 
     enc = dict((vlm or {}).get("encoder") or {})
     kind = enc.get("kind", "bev_clip")
     if kind != "bev_clip":
         return f"{kind}:{enc.get('model_name') or enc.get('weights_path') or '?'}"
     weights = enc.get("weights")
-    if not weights:
-        return weights_name(bev_shape)
-    weights = str(weights)
-    if "{bev}" in weights:
-        weights = weights.replace("{bev}", weights_name(bev_shape)[len("bev_clip_"):-len(".pt")])
-    return Path(weights).name
+    return Path(fill_bev(weights, bev_shape)).name if weights else weights_name(bev_shape)
 
 
 def resolve_window(reward: str, params: dict, tower: str) -> dict:

@@ -139,12 +139,9 @@ def with_reward_window(cfg: dict) -> dict:
         return cfg
     if params.get("theta_min") is not None and params.get("theta_max") is not None:
         return cfg
-    from ..bev.config import BevConfig
+    from ..envs.driving_env import _bev_config
 
-    bev = (cfg.get("obs") or {}).get("bev") or {}
-    if isinstance(bev, dict):  # null entries mean "the preset's value" (as env_kwargs reads them)
-        bev = {k: v for k, v in bev.items() if v is not None}
-    shape = BevConfig.from_dict({"preset": bev} if isinstance(bev, str) else bev).shape
+    shape = _bev_config(env_kwargs(cfg)["bev"]).shape  # the BEV the env will render
     tower = tower_name(cfg.get("vlm"), shape)
     return {**cfg, "reward": {**r, "params": resolve_window(str(r["name"]), params, tower)}}
 

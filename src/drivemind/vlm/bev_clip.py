@@ -155,6 +155,13 @@ def search_dirs() -> list[Path]:
     return dirs
 
 
+def fill_bev(path: str | os.PathLike, bev_shape=None) -> str:
+    """``path`` with a ``{bev}`` replaced by the BEV's part of :func:`weights_name` for
+    ``bev_shape`` (``cpu``, ``roach``, ``paper`` or ``CxHxW``): ``bev_clip_{bev}_speed_lane.pt``
+    -> ``bev_clip_roach_speed_lane.pt``."""
+    return str(path).replace("{bev}", weights_name(bev_shape)[len("bev_clip_"):-len(".pt")])
+
+
 def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
     """Resolve a weights file: an existing path as given, else its file name in ``search_dirs()``;
     with no path, the checkpoint named for ``bev_shape`` (:func:`weights_name`). A ``{bev}`` in the
@@ -163,7 +170,7 @@ def find_weights(path: str | os.PathLike | None = None, bev_shape=None) -> Path:
     Raises one FileNotFoundError naming the file, the folders searched and the command that
     trains it."""
     if path is not None and "{bev}" in str(path):
-        path = str(path).replace("{bev}", weights_name(bev_shape)[len("bev_clip_"):-len(".pt")])
+        path = fill_bev(path, bev_shape)
     name = weights_name(bev_shape) if path is None else str(path)
     p = Path(name).expanduser()
     if path is not None and p.is_file():
