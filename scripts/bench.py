@@ -878,6 +878,7 @@ def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_
 
     from drivemind.training import train as train_run
     from drivemind.training.build import town_density
+    from drivemind.evaluation.study import route_endings
     from drivemind.training.evaluate import evaluate_run
 
     if train:
@@ -893,6 +894,8 @@ def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_
     town, density = town_density(cfg)
     m = res["metrics"]
     wall = float(summary.get("wall_s_total", summary["wall_s"]))
+    # how each route ended, and how fast the policy hit something (a speeding policy shows here)
+    routes = json.loads((Path(res["out"]) / "metrics.json").read_text())["routes"]
     return {
         "run_dir": str(run_dir), "seed": seed, "town": town, "density": density,
         "reward": cfg["reward"]["name"], "algo": cfg["algo"]["name"],
@@ -902,6 +905,8 @@ def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_
         "route_completion": m["RC"], "success_rate": m["SR"], "collision_rate": m["CR"],
         "mean_speed_kmh": m["AS"], "route_progress": m["completion"],
         "train_episodes": (summary.get("episode_metrics") or {}).get("episodes"),
+        "endings": route_endings(routes),
+        "collision_speeds_kmh": [round(float(v), 1) for r in routes for v in r.get("collision_speeds_kmh") or []],
         "eval_s": round(time.perf_counter() - t, 1),
     }
 
@@ -939,9 +944,10 @@ def bench_learn(args) -> dict:
     mean = {k: round(float(np.mean([r[k] for r in rows])), 3)
             for k in ("route_completion", "success_rate", "collision_rate", "mean_speed_kmh",
                       "env_steps", "wall_s", "env_steps_per_s")}
+    endings = {k: sum(r["endings"][k] for r in rows) for k in rows[0]["endings"]}
     return {"what": "learn", "experiment": args.experiment, "reward": rows[0]["reward"],
             "town": rows[0]["town"], "density": rows[0]["density"], "minutes": args.minutes,
-            "seeds": seeds, **mean, "per_seed": rows, "curve": str(curve), **machine()}
+            "seeds": seeds, **mean, "endings": endings, "per_seed": rows, "curve": str(curve), **machine()}
 
 
 def driving_score_approx(records) -> float:

@@ -194,6 +194,13 @@ def test_bench_learn_prints_the_figures(tmp_path, capsys):
         assert k in res, k
     assert res["env_steps"] > 0 and 0 <= res["route_completion"] <= 1
     assert Path(res["curve"]).exists()
+    # how the 10 routes ended, counted from the evaluation's own records
+    row = res["per_seed"][0]
+    routes = json.loads((Path(row["run_dir"]) / "eval" / "grid-empty" / "metrics.json").read_text())["routes"]
+    assert sum(row["endings"].values()) == len(routes) == 10
+    assert row["endings"]["arrived"] == sum(bool(r["arrived"]) for r in routes) >= round(10 * res["success_rate"])
+    assert res["endings"] == row["endings"]
+    assert len(row["collision_speeds_kmh"]) == sum(r["collisions"] for r in routes)
     # the run's directory shows the extra overrides: two variants of a reward never share one
     run_dir = Path(res["per_seed"][0]["run_dir"])
     assert run_dir.parent == tmp_path and "algo.batch_size-16" in run_dir.name
