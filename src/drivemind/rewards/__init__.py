@@ -13,11 +13,13 @@ from .contrastive import CLG, LORD, VLMRM, VLMSR, LORDSpeed, RoboCLIP, VLMRLSynt
 from .found_rl import FoundRLClip, found_rl_clip
 
 
-def _kinematic_drivemind(rho1: float = 1.0, below_target: str = "ramp") -> Composite:
+def _kinematic_drivemind(rho1: float = 1.0, below_target: str = "ramp",
+                         max_progress_speed_kmh: float | None = None) -> Composite:
     """DriveMind's kinematic part: task + rho1 x HVFR (``below_target``: HVFR's speed factor below
-    the target speed, ``ramp`` or the paper's ``paper``)."""
-    return Composite({"task": (1.0, Task()), "hvfr": (rho1, HVFR(below_target=below_target))},
-                     name="drivemind_kinematic")
+    the target speed, ``ramp`` or the paper's ``paper``; ``max_progress_speed_kmh``: the task's
+    progress credited at most at this speed, None uncapped)."""
+    return Composite({"task": (1.0, Task(max_progress_speed_kmh=max_progress_speed_kmh)),
+                      "hvfr": (rho1, HVFR(below_target=below_target))}, name="drivemind_kinematic")
 
 
 REWARDS = {

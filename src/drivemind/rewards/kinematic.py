@@ -17,15 +17,34 @@ from .base import Reward
 @dataclass
 class Task(Reward):
     """Progress along the route (m) x ``progress_weight`` + ``failure_penalty`` on a failure
-    termination: the env's own task reward, recomputable with other weights."""
+    termination: the env's own task reward, recomputable with other weights.
+
+    ``max_progress_speed_kmh`` (None: uncapped, the papers' reading and the default): a step's
+    progress is credited at most at this speed, progress x min(1, cap / speed), so driving faster
+    than the cap earns no more distance per step. Uncapped, progress pays linearly for speed
+    without bound, and a sum with a speed term that stops paying above its target (HVFR) pays
+    *more* at 80 km/h than at the target (docs/rewards.md "Speeding")."""
 
     progress_weight: float = 1.0
     failure_penalty: float = -10.0
+    max_progress_speed_kmh: float | None = None
     name: str = "task"
     needs = ("progress", "failure")
 
+    def __post_init__(self):
+        cap = self.max_progress_speed_kmh
+        if cap is not None:
+            if not (np.isfinite(cap) and cap > 0):
+                raise ValueError(f"task max_progress_speed_kmh must be a positive speed in km/h or "
+                                 f"null (uncapped), got {cap!r}")
+            self.needs = (*type(self).needs, "speed_kmh")
+
     def terms(self, b):
-        return {"progress": self.progress_weight * b["progress"],
+        progress = b["progress"]
+        if self.max_progress_speed_kmh is not None:
+            v = np.abs(b["speed_kmh"])
+            progress = progress * np.minimum(1.0, self.max_progress_speed_kmh / np.maximum(v, 1e-6))
+        return {"progress": self.progress_weight * progress,
                 "failure": self.failure_penalty * b["failure"]}
 
 
