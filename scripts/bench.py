@@ -97,8 +97,8 @@ side-by-side: the fast path's training env steps/s alone on one core, then two r
 
     python scripts/bench.py reward-quality [--steps 500 --vlm openclip --model ViT-B-32 --pretrained <file>]
     python scripts/bench.py reward-quality --vlm openclip --model <config.json> --weights-path <file>
+    python scripts/bench.py reward-quality --weights-path bev_clip_cpu.pt   # the image-only tower (vlm=none)
     python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed.pt   # BEV-CLIP's speed tower
-    python scripts/bench.py reward-quality --weights-path bev_clip_cpu_speed_lane.pt   # + the lane readout
 
 reward-quality: every registered reward (or --rewards a,b) as a safety signal on a labelled
      held-out set the simulator drives (drivemind.evaluation.reward_quality: Town01, Town03, Town05
@@ -121,7 +121,8 @@ reward-quality: every registered reward (or --rewards a,b) as a safety signal on
      open_clip model-config .json (an architecture open_clip does not ship, its checkpoint as
      --weights-path); configs/vlm/openclip_tiny.json with --pretrained none is a tiny random
      tower that runs the whole path offline (figures near chance: it knows nothing). With the
-     default --vlm bev_clip, --weights-path picks another BEV-CLIP checkpoint; a speed tower
+     default --vlm bev_clip, the tower is the one training uses by default (configs/config.yaml's
+     vlm: bev_clip_<--bev>_speed_lane.pt), --weights-path picks another BEV-CLIP checkpoint; a speed tower
      (bev_clip_cpu_speed.pt) gets each frame's ego speed, its standstill twins speed 0. Rewards take
      configs/reward/<name>.yaml's params; --set reward.param=value overrides one (repeatable).
 
@@ -1143,6 +1144,25 @@ def _add_heldout_args(p, bev_help: str) -> None:
                    help="a sim.traffic setting for the drives (repeatable), e.g. walker_velocity=crossing")
 
 
+def _config_tower(bev: str) -> str | None:
+    """The BEV-CLIP checkpoint a training run embeds ``bev``-preset BEVs with by default (the
+    ``vlm`` choice of configs/config.yaml, e.g. ``bev_clip_<bev>_speed_lane.pt``); None: the
+    built-in image-only one (``vlm=none``) or another encoder kind."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from drivemind.bev import BEV_PRESETS
+    from drivemind.rewards.windows import tower_name
+
+    root = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        vlm = OmegaConf.to_container(compose("config").vlm, resolve=True)
+    enc = (vlm or {}).get("encoder") or {}
+    if enc.get("kind", "bev_clip") != "bev_clip" or not enc.get("weights"):
+        return None
+    return tower_name(vlm, tuple(BEV_PRESETS[bev].shape) if bev in BEV_PRESETS else None)
+
+
 def _heldout_config(args, what: str):
     """The HeldoutConfig of ``_add_heldout_args``' options; a bad value exits with one message."""
     from drivemind.evaluation.reward_quality import HeldoutConfig
@@ -1203,7 +1223,7 @@ def bench_reward_quality(args) -> dict:
         if shape is None:
             raise SystemExit(f"--bev must be one of {', '.join(BEV_PRESETS)}, got {args.bev!r}")
         try:
-            model = BevClip.load(args.weights_path, bev_shape=shape)
+            model = BevClip.load(args.weights_path or _config_tower(args.bev), bev_shape=shape)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"reward-quality --weights-path: {e}") from None
         embed, text, encoder_name = model.embed, None, "bev_clip+minilm"
@@ -1526,7 +1546,8 @@ def main(argv=None):
                    "none (random weights seeded with --seed)")
     p.add_argument("--weights-path", default=None, help="--vlm openclip: checkpoint file or folder; "
                    "--vlm bev_clip: a BEV-CLIP checkpoint (path or name, e.g. bev_clip_cpu_speed.pt: "
-                   "the speed tower; default: the shipped one for --bev)")
+                   "the speed tower; bev_clip_cpu.pt: the image-only one; default: the tower training uses by "
+                   "default for --bev, configs/config.yaml's vlm: bev_clip_<bev>_speed_lane.pt)")
     p.add_argument("--plot", default="outputs/bench/reward_quality.png", help="distributions PNG ('' : none)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--progress", action="store_true", help="a progress bar on stderr")

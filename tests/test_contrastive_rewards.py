@@ -382,10 +382,10 @@ def test_train_with_vlm_rl_through_the_config(tmp_path):
                            "algo.policy_kwargs.net_arch=[32]", "+env.max_episode_steps=10",
                            "log_interval=1", "checkpoint_every=0", "torch_threads=1"), tmp_path / "run")
     assert summary["status"] == "finished" and summary["reward"] == "vlm_rl"
-    # the config's null window is resolved for the tower (the default bev_clip_cpu.pt) and saved
+    # the config's null window is resolved for the tower (the default bev_clip_cpu_speed_lane.pt) and saved
     from drivemind.rewards.windows import CLG_WINDOWS
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["reward"]["params"]
-    assert (saved["theta_min"], saved["theta_max"]) == CLG_WINDOWS["vlm_rl"]["bev_clip_cpu.pt"]
+    assert (saved["theta_min"], saved["theta_max"]) == CLG_WINDOWS["vlm_rl"]["bev_clip_cpu_speed_lane.pt"]
     head = (tmp_path / "run" / "logs" / "progress.csv").read_text().splitlines()[0]
     assert "reward/synth.synth" in head and "reward/task.progress" in head  # terms are logged
 
@@ -422,7 +422,7 @@ def test_calibration_tools_feed_a_speed_tower_each_frames_speed():
     moving = embed(frames, speed)
     assert moving.shape == (len(frames), 384)
     assert not np.allclose(moving, embed(frames, speed + 30.0), atol=1e-3)
-    plain, _, _ = cal.encoder_for(cal.compose(["reward=aicr_static"]), frames.shape[1:])
+    plain, _, _ = cal.encoder_for(cal.compose(["reward=aicr_static", "vlm=none"]), frames.shape[1:])
     np.testing.assert_allclose(plain(frames, speed), plain(frames, speed + 30.0))
 
 

@@ -21,7 +21,8 @@ def _window(reward) -> tuple[float, float]:
 
 @pytest.mark.parametrize("reward", ["vlm_rl", "drivevlm_rl"])
 @pytest.mark.parametrize("overrides, tower", [
-    ((), "bev_clip_cpu.pt"),
+    ((), "bev_clip_cpu_speed_lane.pt"),  # the config's default tower (vlm=bev_clip_speed_lane)
+    (("vlm=none",), "bev_clip_cpu.pt"),  # the built-in image-only tower (the study's)
     (("vlm=bev_clip_speed",), "bev_clip_cpu_speed.pt"),
     (("vlm=bev_clip_speed_lane",), "bev_clip_cpu_speed_lane.pt"),
     (("vlm=bev_clip_speed_lane", "obs=roach"), "bev_clip_roach_speed_lane.pt"),
@@ -49,11 +50,11 @@ def test_numbers_win_a_half_window_fails_and_a_tower_without_a_window_warns():
     cfg = config("reward=vlm_rl", "vlm=bev_clip_speed_lane", "reward.params.theta_min=-0.2",
                  "reward.params.theta_max=0.1")
     assert _window(make_reward_from_cfg(cfg)) == (-0.2, 0.1)
-    with pytest.raises(ValueError, match="theta_min and theta_max go together.*bev_clip_cpu.pt"):
+    with pytest.raises(ValueError, match="theta_min and theta_max go together.*bev_clip_cpu_speed_lane.pt"):
         make_reward_from_cfg(config("reward=vlm_rl", "reward.params.theta_min=-0.2"))
-    # the image-only roach tower: no window measured; the default tower's, and how to measure one
+    # the image-only roach tower: no window measured; the built-in cpu tower's, and how to measure one
     with pytest.warns(WindowWarning, match=r"bev_clip_roach\.pt.*calibrate_reward\.py reward=vlm_rl"):
-        got = _window(make_reward_from_cfg(config("reward=vlm_rl", "obs=roach")))
+        got = _window(make_reward_from_cfg(config("reward=vlm_rl", "vlm=none", "obs=roach")))
     assert got == CLG_WINDOWS["vlm_rl"]["bev_clip_cpu.pt"]
     assert tower_name({"encoder": {"kind": "bev_clip", "weights": "/my/towers/mine.pt"}}) == "mine.pt"
     assert tower_name({"encoder": {"kind": "openclip", "model_name": "ViT-B-32"}}) == "openclip:ViT-B-32"
