@@ -88,6 +88,27 @@ def test_standing_still_on_a_free_road_never_pays_hvfr():
         HVFR(below_target="flat")
 
 
+def test_uncapped_progress_pays_speeding_and_the_cap_makes_the_target_pay_most():
+    """The mirror of the standstill bug (issue 14): progress pays linearly for speed while HVFR's
+    speed factor stops paying above its target, so task + HVFR pays more at 80 km/h on a free
+    road than at the target; progress credited at most at ``max_progress_speed_kmh`` makes the
+    target the best speed and every speed above the cap worse the faster it gets."""
+    free = dict(lead_distance=[50.0] * 6, light_state=[-1.0] * 6, light_distance=[50.0] * 6)
+    kmh = np.array([0.0, 22.5, 30.0, 45.0, 60.0, 80.0])
+    b = facts(n=6, speed_kmh=kmh, progress=kmh / 3.6 * 0.1, **free)  # one 0.1 s step at each speed
+    uncapped = make_reward("drivemind_kinematic")(b)
+    assert uncapped[5] > uncapped[1]  # 80 km/h out-pays the target (uncapped: the default)
+    capped = make_reward("drivemind_kinematic", max_progress_speed_kmh=30.0)(b)
+    assert np.argmax(capped) == 1 and np.all(np.diff(capped[2:]) < 0)
+    assert np.allclose(capped[:3], uncapped[:3])  # at or below the cap nothing changes
+    task = Task(max_progress_speed_kmh=30.0)
+    assert "speed_kmh" in task.needs and "speed_kmh" not in Task().needs
+    assert task.terms(b)["progress"][5] == pytest.approx(30.0 / 3.6 * 0.1)  # credited at the cap
+    for bad in (0.0, -5.0, float("nan")):
+        with pytest.raises(ValueError, match="max_progress_speed_kmh must be a positive speed"):
+            Task(max_progress_speed_kmh=bad)
+
+
 def test_reweighting_rescores_without_touching_facts():
     b = facts(progress=[1.0, 2.0, 0.0, 0.5], failure=[0, 0, 1, 0], speed_kmh=[20, 22, 0, 30])
     before = {k: v.copy() for k, v in b.items()}
