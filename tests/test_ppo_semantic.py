@@ -11,6 +11,7 @@ BEV-CLIP and MiniLM from the installed packages, the privileged prompt teacher.
 
 from __future__ import annotations
 
+import warnings
 from functools import partial
 
 import gymnasium as gym
@@ -302,7 +303,10 @@ def test_train_drivemind_ppo_through_hydra_and_resume(tmp_path):
     with pytest.warns(UserWarning, match="stand-in"):
         first = train(cfg, run)
     assert first["status"] == "finished" and first["reward"] == "drivemind" and first["algo"] == "ppo"
-    with pytest.warns(UserWarning, match="stand-in"):
+    # (the resumed run warns about the stand-in generator only if its novelty trigger asks for a
+    # prompt within its 64 steps, which depends on the tower's embeddings: not asserted here)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "DriveMind prompts come from", UserWarning)
         second = train(config("total_timesteps=128", "log_interval=1", "progress_bar=false"), run,
                        resume=True)
     assert second["status"] == "finished" and second["resumed_from"] == 64
