@@ -877,9 +877,9 @@ def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_
 
     import yaml
 
+    from drivemind.evaluation.study import route_endings
     from drivemind.training import train as train_run
     from drivemind.training.build import town_density
-    from drivemind.evaluation.study import route_endings
     from drivemind.training.evaluate import evaluate_run
 
     if train:
