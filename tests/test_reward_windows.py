@@ -27,6 +27,8 @@ def _window(reward) -> tuple[float, float]:
     (("vlm=bev_clip_speed_lane",), "bev_clip_cpu_speed_lane.pt"),
     (("vlm=bev_clip_speed_lane", "obs=roach"), "bev_clip_roach_speed_lane.pt"),
     (("vlm=bev_clip_speed_lane", "obs=paper"), "bev_clip_paper_speed_lane.pt"),
+    (("vlm=none", "obs=roach"), "bev_clip_roach.pt"),
+    (("vlm=none", "obs=paper"), "bev_clip_paper.pt"),
 ])
 def test_the_configs_null_window_is_the_one_measured_for_the_tower_in_use(reward, overrides, tower):
     cfg = config(f"reward={reward}", *overrides)
@@ -52,9 +54,9 @@ def test_numbers_win_a_half_window_fails_and_a_tower_without_a_window_warns():
     assert _window(make_reward_from_cfg(cfg)) == (-0.2, 0.1)
     with pytest.raises(ValueError, match="theta_min and theta_max go together.*bev_clip_cpu_speed_lane.pt"):
         make_reward_from_cfg(config("reward=vlm_rl", "reward.params.theta_min=-0.2"))
-    # the image-only roach tower: no window measured; the built-in cpu tower's, and how to measure one
-    with pytest.warns(WindowWarning, match=r"bev_clip_roach\.pt.*calibrate_reward\.py reward=vlm_rl"):
-        got = _window(make_reward_from_cfg(config("reward=vlm_rl", "vlm=none", "obs=roach")))
+    # a tower of the user's own: no window measured; the built-in cpu tower's, and how to measure one
+    with pytest.warns(WindowWarning, match=r"mine\.pt.*calibrate_reward\.py reward=vlm_rl"):
+        got = _window(make_reward_from_cfg(config("reward=vlm_rl", "vlm.encoder.weights=/my/towers/mine.pt")))
     assert got == CLG_WINDOWS["vlm_rl"]["bev_clip_cpu.pt"]
     assert tower_name({"encoder": {"kind": "bev_clip", "weights": "/my/towers/mine.pt"}}) == "mine.pt"
     assert tower_name({"encoder": {"kind": "openclip", "model_name": "ViT-B-32"}}) == "openclip:ViT-B-32"

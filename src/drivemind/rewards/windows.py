@@ -28,6 +28,9 @@ CLG_WINDOWS: dict[str, dict[str, tuple[float, float]]] = {
         "bev_clip_cpu_speed_lane.pt": (-0.0677, 0.2371),
         "bev_clip_roach_speed_lane.pt": (0.0552, 0.2449),
         "bev_clip_paper_speed_lane.pt": (0.0602, 0.2465),
+        # ... vlm=none obs=roach|paper (the image-only towers of the larger BEVs)
+        "bev_clip_roach.pt": (0.0375, 0.2527),
+        "bev_clip_paper.pt": (0.073, 0.25),
     },
     "drivevlm_rl": {
         # ... reward=drivevlm_rl --densities drivevlm --steps 1500
@@ -36,6 +39,8 @@ CLG_WINDOWS: dict[str, dict[str, tuple[float, float]]] = {
         "bev_clip_cpu_speed_lane.pt": (-0.297, 0.217),
         "bev_clip_roach_speed_lane.pt": (0.0088, 0.2604),
         "bev_clip_paper_speed_lane.pt": (-0.0036, 0.2589),
+        "bev_clip_roach.pt": (-0.3335, 0.2537),
+        "bev_clip_paper.pt": (-0.3244, 0.2556),
     },
 }
 # what a tower without a measured window gets (with a warning): the default tower's
