@@ -896,7 +896,7 @@ def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_
     m = res["metrics"]
     wall = float(summary.get("wall_s_total", summary["wall_s"]))
     # how each route ended, and how fast the policy hit something (a speeding policy shows here)
-    routes = json.loads((Path(res["out"]) / "metrics.json").read_text())["routes"]
+    routes = [r.to_dict() for r in res["records"]]
     return {
         "run_dir": str(run_dir), "seed": seed, "town": town, "density": density,
         "reward": cfg["reward"]["name"], "algo": cfg["algo"]["name"],
@@ -1144,14 +1144,13 @@ def _add_heldout_args(p, bev_help: str) -> None:
                    help="a sim.traffic setting for the drives (repeatable), e.g. walker_velocity=crossing")
 
 
-def _config_tower(bev: str) -> str | None:
-    """The BEV-CLIP checkpoint a training run embeds ``bev``-preset BEVs with by default (the
+def _config_tower(bev_shape) -> str | None:
+    """The BEV-CLIP checkpoint a training run embeds BEVs of ``bev_shape`` with by default (the
     ``vlm`` choice of configs/config.yaml, e.g. ``bev_clip_<bev>_speed_lane.pt``); None: the
     built-in image-only one (``vlm=none``) or another encoder kind."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from drivemind.bev import BEV_PRESETS
     from drivemind.rewards.windows import tower_name
 
     root = Path(__file__).resolve().parents[1]
@@ -1160,7 +1159,7 @@ def _config_tower(bev: str) -> str | None:
     enc = (vlm or {}).get("encoder") or {}
     if enc.get("kind", "bev_clip") != "bev_clip" or not enc.get("weights"):
         return None
-    return tower_name(vlm, tuple(BEV_PRESETS[bev].shape) if bev in BEV_PRESETS else None)
+    return tower_name(vlm, bev_shape)
 
 
 def _heldout_config(args, what: str):
@@ -1223,7 +1222,7 @@ def bench_reward_quality(args) -> dict:
         if shape is None:
             raise SystemExit(f"--bev must be one of {', '.join(BEV_PRESETS)}, got {args.bev!r}")
         try:
-            model = BevClip.load(args.weights_path or _config_tower(args.bev), bev_shape=shape)
+            model = BevClip.load(args.weights_path or _config_tower(shape), bev_shape=shape)
         except (FileNotFoundError, ValueError) as e:
             raise SystemExit(f"reward-quality --weights-path: {e}") from None
         embed, text, encoder_name = model.embed, None, "bev_clip+minilm"
