@@ -512,8 +512,6 @@ def bench_update(args) -> dict:
     import statistics
 
     import torch as th
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from drivemind.training.build import make_model, make_reward_from_cfg, make_vec_env
 
@@ -523,13 +521,9 @@ def bench_update(args) -> dict:
     if args.autocast not in ("none", "bf16"):
         raise SystemExit(f"update: --autocast must be one of none, bf16; got {args.autocast!r}")
     th.set_num_threads(args.threads)
-    root = Path(__file__).resolve().parents[1]
-    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={args.experiment}", "logger=quiet", "progress_bar=false",
-                                           f"reward={args.reward}", f"town={args.town}",
-                                           f"density={args.density}", f"seed={args.seed}",
-                                           *args.overrides])
-    cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = _compose([f"experiment={args.experiment}", "logger=quiet", "progress_bar=false",
+                    f"reward={args.reward}", f"town={args.town}", f"density={args.density}",
+                    f"seed={args.seed}", *args.overrides])
     model = make_model(cfg, make_vec_env(cfg), make_reward_from_cfg(cfg))
     model.learn(total_timesteps=max(args.warmup, int(cfg["algo"]["learning_starts"]) + 2 * max(sizes)))
     dev = model.device.type
@@ -868,13 +862,10 @@ def _learning_curves(runs: dict[str, Path], out_png: Path) -> None:
     plt.close(fig)
 
 
-def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_dir: Path,
+def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
               max_steps: int, train: bool = True) -> dict:
     """Train one run (unless ``train`` is false: ``run_dir`` holds a finished one) and evaluate
     its policy on the training town's 10 fixed routes. Returns the figures of ``bench.py learn``."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     import yaml
 
     from drivemind.evaluation.study import route_endings
@@ -883,10 +874,9 @@ def learn_one(root: Path, experiment: str, seed: int, overrides: list[str], run_
     from drivemind.training.evaluate import evaluate_run
 
     if train:
-        with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-            cfg = compose("config", overrides=[f"experiment={experiment}", "logger=quiet",
-                                               "progress_bar=false", f"seed={seed}", *overrides])
-        summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+        cfg = _compose([f"experiment={experiment}", "logger=quiet", "progress_bar=false",
+                        f"seed={seed}", *overrides])
+        summary = train_run(cfg, run_dir)
     else:
         summary = json.loads((run_dir / "summary.json").read_text())
     t = time.perf_counter()
@@ -919,7 +909,6 @@ def bench_learn(args) -> dict:
     curves (PNG) against env steps and wall time for all seeds."""
     from drivemind.naming import sweep_subdir
 
-    root = Path(__file__).resolve().parents[1]
     seeds = [int(x) for x in str(args.seeds).split(",")] if args.seeds else [args.seed]
     overrides = [f"reward={args.reward}", f"town={args.town}", f"density={args.density}"] if not args.run_dir else []
     if args.minutes and not args.run_dir:
@@ -936,7 +925,7 @@ def bench_learn(args) -> dict:
             run_dir = Path(args.run_dir)
         else:
             run_dir = out / sweep_subdir("learn", f"{base}-s{seed}", extra)
-        rows.append(learn_one(root, args.experiment, seed, overrides, run_dir, args.max_steps,
+        rows.append(learn_one(args.experiment, seed, overrides, run_dir, args.max_steps,
                               train=not args.run_dir))
         runs[f"seed {seed}"] = run_dir
         print(json.dumps(rows[-1]), file=sys.stderr)
@@ -968,9 +957,6 @@ def bench_minddrive(args) -> dict:
     wall time) apart from SFT's, and the last update's ``kl_ref``."""
     import csv
 
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from drivemind.training import train as train_run
     from drivemind.training.evaluate import evaluate_run
 
@@ -978,20 +964,18 @@ def bench_minddrive(args) -> dict:
 
     from drivemind.agents.minddrive import MindDriveAgent, MindDriveConfig
 
-    root = Path(__file__).resolve().parents[1]
     if args.run_dir:  # evaluate a finished run again (e.g. with --agent-set)
         run_dir = Path(args.run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
     else:
         run_dir = Path(args.out) / f"minddrive-{args.town}-{args.density}-s{args.seed}-{time.strftime('%H%M%S')}"
         minutes = args.minutes if args.minutes and args.minutes > 0 else "null"
-        with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-            cfg = compose("config", overrides=[
-                "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
-                "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
-                f"max_minutes={minutes}", f"algo.sft_steps={args.sft_steps}",
-                f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
-        summary = train_run(OmegaConf.to_container(cfg, resolve=True), run_dir)
+        cfg = _compose([
+            "algo=minddrive", f"town={args.town}", f"density={args.density}", f"seed={args.seed}",
+            "logger=quiet", "progress_bar=false", f"total_timesteps={args.ppo_steps}",
+            f"max_minutes={minutes}", f"algo.sft_steps={args.sft_steps}",
+            f"algo.sft_epochs={args.sft_epochs}", "checkpoint_every=0", *args.override])
+        summary = train_run(cfg, run_dir)
     agent_set = {}
     for item in args.agent_set:  # decision options applied to both checkpoints at evaluation
         key, sep, val = item.partition("=")
@@ -1144,18 +1128,26 @@ def _add_heldout_args(p, bev_help: str) -> None:
                    help="a sim.traffic setting for the drives (repeatable), e.g. walker_velocity=crossing")
 
 
+def _compose(overrides=()) -> dict:
+    """configs/config.yaml composed with ``overrides`` (Hydra's own compose API) and resolved."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from drivemind.naming import register_resolvers
+
+    register_resolvers()  # the run name's resolvers (dm_ablate, ...)
+    root = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=list(overrides)), resolve=True)
+
+
 def _config_tower(bev_shape) -> str | None:
     """The BEV-CLIP checkpoint a training run embeds BEVs of ``bev_shape`` with by default (the
     ``vlm`` choice of configs/config.yaml, e.g. ``bev_clip_<bev>_speed_lane.pt``); None: the
     built-in image-only one (``vlm=none``) or another encoder kind."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
     from drivemind.rewards.windows import tower_name
 
-    root = Path(__file__).resolve().parents[1]
-    with initialize_config_dir(config_dir=str(root / "configs"), version_base="1.3"):
-        vlm = OmegaConf.to_container(compose("config").vlm, resolve=True)
+    vlm = _compose()["vlm"]
     enc = (vlm or {}).get("encoder") or {}
     if enc.get("kind", "bev_clip") != "bev_clip" or not enc.get("weights"):
         return None
