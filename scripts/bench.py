@@ -929,7 +929,9 @@ def bench_learn(args) -> dict:
                               train=not args.run_dir))
         runs[f"seed {seed}"] = run_dir
         print(json.dumps(rows[-1]), file=sys.stderr)
-    curve = (Path(args.run_dir) if args.run_dir else out) / f"{sweep_subdir('learn', base, extra)}.png"
+    # named after its seeds: runs of other seeds started beside this one do not overwrite it
+    tag = "_".join(str(s) for s in seeds)
+    curve = (Path(args.run_dir) if args.run_dir else out) / f"{sweep_subdir('learn', f'{base}-s{tag}', extra)}.png"
     _learning_curves(runs, curve)
     mean = {k: round(float(np.mean([r[k] for r in rows])), 3)
             for k in ("route_completion", "success_rate", "collision_rate", "mean_speed_kmh",

@@ -193,9 +193,11 @@ def test_bench_learn_prints_the_figures(tmp_path, capsys):
     for k in ("route_completion", "success_rate", "collision_rate", "env_steps", "wall_s", "env_steps_per_s"):
         assert k in res, k
     assert res["env_steps"] > 0 and 0 <= res["route_completion"] <= 1
-    assert Path(res["curve"]).exists()
     # how the 10 routes ended, counted from the evaluation's own records
     row = res["per_seed"][0]
+    # the curves' PNG is named after the seed, as its run directory (two seeds run side by side
+    # in two processes keep one PNG each; it was one name for every seed)
+    assert Path(res["curve"]).exists() and Path(res["curve"]).name == Path(row["run_dir"]).name + ".png"
     routes = json.loads((Path(row["run_dir"]) / "eval" / "grid-empty" / "metrics.json").read_text())["routes"]
     assert sum(row["endings"].values()) == len(routes) == 10
     assert row["endings"]["arrived"] == sum(bool(r["arrived"]) for r in routes) >= round(10 * res["success_rate"])
