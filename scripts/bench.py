@@ -853,6 +853,13 @@ def _learning_curves(runs: dict[str, Path], out_png: Path) -> None:
                            color=f"C{c}", label=name)
                 a.set_title(title)
                 a.set_xlabel("env steps" if xkey == "timesteps" else "wall time (s)")
+        # a run with validation.every: route completion on the validation routes, as it went
+        f = run_dir / "logs" / "validation.csv"
+        val = list(csv.DictReader(open(f))) if f.exists() else []
+        for row_i, xkey in enumerate(("steps", "wall_s")):
+            if val:
+                ax[row_i, 1].plot([float(r[xkey] or 0) for r in val], [float(r["RC"]) for r in val],
+                                  "s--", color=f"C{c}", label=f"{name}: validation RC")
     for a in ax.ravel():
         if a.get_legend_handles_labels()[0]:
             a.legend(loc="upper left", fontsize=8)
@@ -863,9 +870,11 @@ def _learning_curves(runs: dict[str, Path], out_png: Path) -> None:
 
 
 def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
-              max_steps: int, train: bool = True) -> dict:
+              max_steps: int, train: bool = True, checkpoint: str = "latest") -> dict:
     """Train one run (unless ``train`` is false: ``run_dir`` holds a finished one) and evaluate
-    its policy on the training town's 10 fixed routes. Returns the figures of ``bench.py learn``."""
+    its policy (``checkpoint``: latest, or best on the validation routes) on the training town's
+    10 fixed routes. Returns the figures of ``bench.py learn``; with ``best``, the latest policy's
+    figures too (``latest``: the pair from one run)."""
     import yaml
 
     from drivemind.evaluation.study import route_endings
@@ -880,7 +889,16 @@ def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
     else:
         summary = json.loads((run_dir / "summary.json").read_text())
     t = time.perf_counter()
-    res = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False)
+    res = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False,
+                       checkpoint=checkpoint)
+    eval_s = time.perf_counter() - t
+    paired = {}
+    if checkpoint == "best":
+        m = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False,
+                         out_dir=run_dir / "eval" / "latest")["metrics"]
+        paired = {"latest": {"route_completion": m["RC"], "success_rate": m["SR"],
+                             "collision_rate": m["CR"], "mean_speed_kmh": m["AS"]},
+                  "best_at_steps": (summary.get("validation") or {}).get("best", {}).get("steps")}
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     town, density = town_density(cfg)
     m = res["metrics"]
@@ -898,7 +916,7 @@ def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
         "train_episodes": (summary.get("episode_metrics") or {}).get("episodes"),
         "endings": route_endings(routes),
         "collision_speeds_kmh": [round(float(v), 1) for r in routes for v in r.get("collision_speeds_kmh") or []],
-        "eval_s": round(time.perf_counter() - t, 1),
+        "eval_s": round(eval_s, 1), "checkpoint": checkpoint, **paired,
     }
 
 
@@ -926,7 +944,7 @@ def bench_learn(args) -> dict:
         else:
             run_dir = out / sweep_subdir("learn", f"{base}-s{seed}", extra)
         rows.append(learn_one(args.experiment, seed, overrides, run_dir, args.max_steps,
-                              train=not args.run_dir))
+                              train=not args.run_dir, checkpoint=args.checkpoint))
         runs[f"seed {seed}"] = run_dir
         print(json.dumps(rows[-1]), file=sys.stderr)
     # named after its seeds: runs of other seeds started beside this one do not overwrite it
@@ -939,7 +957,10 @@ def bench_learn(args) -> dict:
     endings = {k: sum(r["endings"][k] for r in rows) for k in rows[0]["endings"]}
     return {"what": "learn", "experiment": args.experiment, "reward": rows[0]["reward"],
             "town": rows[0]["town"], "density": rows[0]["density"], "minutes": args.minutes,
-            "seeds": seeds, **mean, "endings": endings, "per_seed": rows, "curve": str(curve), **machine()}
+            "seeds": seeds, **mean, "checkpoint": args.checkpoint,
+            **({"latest_route_completion": round(float(np.mean([r["latest"]["route_completion"] for r in rows])), 3)}
+               if args.checkpoint == "best" else {}),
+            "endings": endings, "per_seed": rows, "curve": str(curve), **machine()}
 
 
 def driving_score_approx(records) -> float:
@@ -1500,6 +1521,10 @@ def main(argv=None):
     p.add_argument("--run-dir", default=None, help="evaluate this finished run instead of training")
     p.add_argument("--out", default="outputs/bench", help="where the training runs go")
     p.add_argument("--max-steps", type=int, default=6000, help="step limit per evaluation route")
+    p.add_argument("--checkpoint", choices=("latest", "best"), default="latest",
+                   help="the policy evaluated: the last one, or the best on the validation routes "
+                        "(a run trained with validation.every=<env steps>; the latest's figures "
+                        "are printed beside it)")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.batch_size=128")
     p = sub.add_parser("minddrive", help="MindDrive learning check: SFT reference vs PPO in language "
                                          "space, route completion on the town's fixed routes")

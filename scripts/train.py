@@ -53,7 +53,8 @@ def _main(cfg: DictConfig) -> dict:
     if ev.get("at_end") and summary["status"] == "finished":
         from drivemind.training.evaluate import evaluate_run
 
-        res = evaluate_run(run_dir, routes=ev.get("routes"), video_route=ev.get("video_route", 0),
+        res = evaluate_run(run_dir, checkpoint=ev.get("checkpoint") or "latest",
+                           routes=ev.get("routes"), video_route=ev.get("video_route", 0),
                            max_steps_per_route=ev.get("max_steps_per_route", 20000))
         summary["eval"] = {k: res["metrics"][k] for k in ("AS", "RC", "TD", "CS", "SR", "CR")}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

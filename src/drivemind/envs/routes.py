@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 SHIPPED = Path(__file__).resolve().parent / "routes"
 N_ROUTES, SEED, MIN_LENGTH, MAX_LENGTH = 10, 0, 150.0, 3000.0
+# checkpoint selection's validation routes (drivemind.training.selection): another route seed and
+# other traffic seeds than the fixed evaluation routes (route i runs with traffic VALIDATION_TRAFFIC_SEED + i)
+VALIDATION_SEED, VALIDATION_TRAFFIC_SEED = 1, 1000
 
 
 def map_fingerprint(rm: RoadMap) -> str:
@@ -61,6 +64,28 @@ def make_fixed_routes(rm: RoadMap, n: int = N_ROUTES, seed: int = SEED, *,
                          f"{min_length:.0f}-{max_length:.0f} m; asked for {n}")
     return {"town": rm.name, "map_fingerprint": map_fingerprint(rm), "seed": seed, "n": n,
             "routes": routes}
+
+
+def _ident(r: dict) -> tuple:
+    return (tuple(r["start"]["lane"]), r["start"]["s"], tuple(r["goal"]["lane"]), r["goal"]["s"])
+
+
+def make_validation_routes(rm: RoadMap, n: int = N_ROUTES, exclude: dict | None = None) -> dict:
+    """``n`` seeded routes for checkpoint selection (``VALIDATION_SEED``), none of them one of
+    ``exclude``'s (the town's fixed evaluation routes): a policy is selected on other routes than
+    the ones it is reported on. A clear error when the map has too few distinct routes."""
+    if n < 1:
+        raise ValueError(f"number of validation routes must be >= 1, got {n}")
+    taken = {_ident(r) for r in (exclude or {}).get("routes", [])}
+    want = n + len(taken)
+    try:
+        spec = make_fixed_routes(rm, want, seed=VALIDATION_SEED)
+    except RouteError as exc:
+        raise RouteError(f"map {rm.name!r} has too few distinct routes for {n} validation route{'s' * (n != 1)} "
+                         f"apart from its {len(taken)} evaluation routes ({exc}); ask for fewer "
+                         f"(validation.routes=<n>)") from None
+    spec["routes"] = [r for r in spec["routes"] if _ident(r) not in taken][:n]
+    return {**spec, "n": n, "purpose": "validation (checkpoint selection)"}
 
 
 def routes_from_spec(rm: RoadMap, spec: dict, source: str = "route file") -> list[Route]:

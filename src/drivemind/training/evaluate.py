@@ -25,8 +25,9 @@ def eval_folder(town: str, density: str) -> str:
 
 
 def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "auto"):
-    """(policy(obs) -> action, model) from ``run_dir``'s latest checkpoint (or the given
-    ``model_<steps>.zip``). The network is put in eval mode with gradients off; the action is
+    """(policy(obs) -> action, model) from ``run_dir``'s latest checkpoint, its best on the
+    validation routes (``"best"``, a run trained with ``validation.every``; :mod:`.selection`) or
+    the given ``model_<steps>.zip``. The network is put in eval mode with gradients off; the action is
     the deterministic one."""
     run_dir = Path(run_dir)
     cfg_file = run_dir / "config.yaml"
@@ -39,6 +40,13 @@ def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "
         if entry is None:
             raise FileNotFoundError(f"no checkpoint in {run_dir / 'checkpoints'} (latest.json missing)")
         path = entry["model"]
+    elif checkpoint == "best":  # checkpoint selection on the validation routes (.selection)
+        from .selection import BEST
+        path = run_dir / "checkpoints" / BEST
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{run_dir} has no best checkpoint ({path} missing): only a run trained with "
+                f"validation.every=<env steps> keeps one; evaluate checkpoint=latest instead")
     else:
         path = checkpoint
     if not Path(path).exists():

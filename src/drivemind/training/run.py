@@ -3,8 +3,10 @@ replay buffer), logs (TensorBoard, CSV, Weights & Biases offline) and metrics; r
 
     run_dir/
       config.yaml          the resolved config (resume reads it back)
-      checkpoints/         model_<steps>.zip, buffer_<steps>.pkl, latest.json
-      logs/                TensorBoard events, progress.csv, episodes.csv
+      checkpoints/         model_<steps>.zip, buffer_<steps>.pkl, latest.json; with validation.every,
+                           best.zip + best.json (the best policy on the validation routes, .selection)
+      logs/                TensorBoard events, progress.csv, episodes.csv (validation.csv)
+      validation_routes.json   with validation.every: the validation routes
       wandb/               Weights & Biases (offline unless logger.wandb.mode=online)
       summary.json         steps, wall time, why it stopped, last episode metrics, the code used
                            (package version, git commit, dirty) per invocation
@@ -22,8 +24,8 @@ import yaml
 
 from ..evaluation import compute_metrics
 from ..paths import code_version
-from .build import (apply_torch_threads, check_compatible, make_model, make_reward_from_cfg, make_vec_env,
-                    observation_signature, study_world, with_reward_window)
+from .build import (apply_torch_threads, check_compatible, env_kwargs, make_model, make_reward_from_cfg,
+                    make_vec_env, observation_signature, study_world, town_density, with_reward_window)
 from .callbacks import (CheckpointEvery, EpisodeMetrics, StopAfter, StopOnSignal, latest_checkpoint,
                         save_checkpoint, trim_episodes)
 from .validate import validate_config
@@ -112,6 +114,20 @@ def resume_record(run_dir: Path, entry: dict) -> tuple[float, list]:
     return 0.0, [_UNKNOWN_CODE]
 
 
+def _selection(cfg: dict, run_dir: Path, record):
+    """The checkpoint-selection callback when ``validation.every`` > 0, else None."""
+    v = cfg.get("validation") or {}
+    if not int(v.get("every") or 0):
+        return None
+    from .selection import ValidateEvery
+
+    town, density = town_density(cfg)
+    return ValidateEvery(run_dir, int(v["every"]), town, density, env_kwargs(cfg),
+                         n_routes=int(v.get("routes", 10)),
+                         max_steps_per_route=int(v.get("max_steps_per_route", 6000)),
+                         wall=lambda: record()["wall_s_total"])
+
+
 def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
     """Train as ``cfg`` says, writing everything into ``run_dir``. With ``resume``, continue the
     run in ``run_dir`` from its latest checkpoint (model, optimiser state and replay buffer) with
@@ -184,14 +200,18 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
 
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
                              with_buffer=bool(cfg.get("checkpoint_buffer", True)), record=record)
+        sel = _selection(cfg, run_dir, record)  # validation.every > 0: checkpoint selection
         reason = "failed"
         try:
-            model.learn(total_timesteps=max(total - done, 0), callback=[stop, budget, metrics, ck],
+            model.learn(total_timesteps=max(total - done, 0),
+                        callback=[stop, budget, metrics, ck] + ([sel] if sel else []),
                         log_interval=int(cfg.get("log_interval", 4 if algo == "sac" else 1)),
                         progress_bar=bool(cfg.get("progress_bar", True)),
                         reset_num_timesteps=entry is None)
             reason = (f"stopped by {stop.received}" if stop.received
                       else f"stopped after max_minutes={cfg.get('max_minutes')}" if budget.reached else "finished")
+            if sel and not stop.received:  # the final policy competes too (its time counts)
+                sel.final()
         except BaseException as e:  # the summary must not say "finished" for a crashed run
             reason = f"failed: {type(e).__name__}: {e}"
             raise
@@ -205,6 +225,7 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
                 "wall_s": round(wall, 1), "wall_s_total": rec["wall_s_total"], "algo": algo, "reward": cfg["reward"]["name"],
                 "checkpoint": {k: v for k, v in entry.items() if k not in rec},  # its files; rec is above
                 "resumed_from": done if resume else None, "code": code,
+                **({"validation": {"best": sel.best, "validations": len(sel.rows)}} if sel else {}),
                 "nonfinite_rewards": int(getattr(getattr(model, "replay_buffer", None),
                                                  "nonfinite_rewards",
                                                  getattr(model, "nonfinite_rewards", 0)) or 0),
@@ -216,6 +237,8 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             if wb is not None:
                 wb.finish()
     finally:
+        if locals().get("sel"):
+            sel.close()
         close = getattr(model, "close_service", None) if "model" in locals() else None
         if close is not None:
             close()  # the reward service's worker process

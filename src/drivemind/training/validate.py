@@ -155,6 +155,17 @@ def _check_run(c: _Checker) -> tuple[int | None, int]:
             isinstance(routes, (list, tuple)) and routes and all(_is_int(r) and r >= 0 for r in routes)):
         c.bad("eval.routes", routes, "must be null (all routes) or a non-empty list of route "
                                      "indices >= 0, e.g. [0,3]")
+    every = c.int("validation.every", 0, why=" (env steps between validations; 0 = off)")
+    c.int("validation.routes", 1)
+    c.int("validation.max_steps_per_route", 1)
+    ck = c.choice("eval.checkpoint", ("latest", "best"))
+    if ck == "best" and not every:
+        c.bad("eval.checkpoint", ck, "needs validation.every=<env steps> > 0 (only a run that "
+                                     "validates keeps a best checkpoint); or eval.checkpoint=latest")
+    if every and _get(c.cfg, "sim.backend") == "carla":
+        c.bad("validation.every", every, "needs the embedded simulator (sim=lite): validation drives "
+                                         "a second world, which one CARLA server cannot hold beside "
+                                         "the training run's; set validation.every=0")
     fmts = _get(c.cfg, "logger.formats")
     if fmts is not _MISSING and fmts is not None:
         bad = [f for f in (fmts if isinstance(fmts, (list, tuple)) else [fmts]) if f not in LOG_FORMATS]
