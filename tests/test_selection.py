@@ -126,6 +126,7 @@ def test_best_of_a_run_that_did_not_validate_is_a_clear_error(tmp_path):
     (["eval.checkpoint=best"], "needs validation.every"),
     (["eval.checkpoint=newest"], "valid: latest, best"),
     (["sim=carla", "validation.every=1000"], "needs the embedded simulator"),
+    (["algo=minddrive", "validation.every=1000"], "MindDrive's training loop does not validate"),
 ])
 def test_selection_settings_are_checked_before_the_run(overrides, expected):
     problems = config_problems(config(*overrides))

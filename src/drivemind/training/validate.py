@@ -162,6 +162,9 @@ def _check_run(c: _Checker) -> tuple[int | None, int]:
     if ck == "best" and not every:
         c.bad("eval.checkpoint", ck, "needs validation.every=<env steps> > 0 (only a run that "
                                      "validates keeps a best checkpoint); or eval.checkpoint=latest")
+    if every and _get(c.cfg, "algo.name") == "minddrive":
+        c.bad("validation.every", every, "is for the SB3 agents (algo=sac, algo=ppo); MindDrive's "
+                                         "training loop does not validate: set validation.every=0")
     if every and _get(c.cfg, "sim.backend") == "carla":
         c.bad("validation.every", every, "needs the embedded simulator (sim=lite): validation drives "
                                          "a second world, which one CARLA server cannot hold beside "
