@@ -88,6 +88,15 @@ learn: learning speed. Trains with the fast settings (experiment=fast: frozen BE
      10 fixed routes: route_completion, success_rate, collision_rate, mean_speed_kmh, env_steps,
      wall_s, env_steps_per_s (means over seeds, and per seed), and a PNG of task return, route
      completion and speed per episode against env steps and wall time for every seed.
+     --checkpoint best (with validation.every=<env steps>) evaluates the policy selected on the
+     validation routes, and the latest one beside it (docs/training.md "Checkpoint selection").
+
+    python scripts/bench.py checkpoints --run-dir <run trained with checkpoint_keep=0>
+
+checkpoints: every checkpoint a run kept (model_<steps>.zip, and best.zip), each on the town's 10
+     fixed routes and on the run's validation routes: route completion against env steps, what
+     selection on the validation routes would pick (the rule of validation.every) against the
+     latest and the best in hindsight, and how well the two route sets agree (Spearman).
 
     python scripts/bench.py side-by-side --seconds 240
 
@@ -920,6 +929,48 @@ def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
     }
 
 
+def bench_checkpoints(args) -> dict:
+    """Every checkpoint ``--run-dir`` kept, on the fixed routes (``test``) and on the run's
+    validation routes (``validation``); the checkpoint the validation rule selects (its score, a
+    tie to the later one), the latest and the best on the fixed routes in hindsight."""
+    from scipy.stats import spearmanr
+
+    from drivemind.training.evaluate import evaluate_run
+    from drivemind.training.selection import BEST, score
+
+    run = Path(args.run_dir)
+    ckpts = sorted(run.glob("checkpoints/model_*.zip"), key=lambda p: int(p.stem.split("_")[1]))
+    if not ckpts:
+        raise FileNotFoundError(f"no checkpoints/model_<steps>.zip in {run}: train with "
+                                f"checkpoint_every=<env steps> checkpoint_keep=0 to keep every one")
+    ckpts += [run / "checkpoints" / BEST] if (run / "checkpoints" / BEST).exists() else []
+    rows = []
+    for p in ckpts:
+        row = {"checkpoint": p.name,
+               "steps": (json.loads((p.parent / "best.json").read_text())["steps"] if p.name == BEST
+                         else int(p.stem.split("_")[1]))}
+        for name, val in (("test", False), ("validation", True)):
+            m = evaluate_run(run, checkpoint=str(p), validation=val, video_route=None, progress=False,
+                             max_steps_per_route=args.max_steps,
+                             out_dir=run / "eval" / "checkpoints" / p.stem / name)["metrics"]
+            row[name] = {"RC": m["RC"], "SR": m["SR"], "CR": m["CR"], "completion": round(m["completion"], 4)}
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    drawn = [r for r in rows if r["checkpoint"] != BEST]
+    pick = None
+    for r in drawn:  # validation.every's rule over the kept checkpoints
+        if pick is None or score(r["validation"]) >= score(pick["validation"]):
+            pick = r
+    v, t = [r["validation"]["RC"] for r in drawn], [r["test"]["RC"] for r in drawn]
+    rho = spearmanr(v, t)[0] if len(set(v)) > 1 and len(set(t)) > 1 else float("nan")  # undefined for a constant
+    return {"what": "checkpoints", "run": str(run), "checkpoints": rows,
+            "latest": {"steps": drawn[-1]["steps"], "test_rc": drawn[-1]["test"]["RC"]},
+            "selected": {"steps": pick["steps"], "test_rc": pick["test"]["RC"],
+                         "validation_rc": pick["validation"]["RC"]},
+            "best_in_hindsight_test_rc": max(r["test"]["RC"] for r in drawn),
+            "spearman_validation_test": None if np.isnan(rho) else round(float(rho), 3), **machine()}
+
+
 def bench_learn(args) -> dict:
     """Learning speed: train for ``--minutes`` of wall time with the fast settings
     (``experiment=fast`` unless ``--experiment``), per seed, then evaluate on the training town's
@@ -1526,6 +1577,10 @@ def main(argv=None):
                         "(a run trained with validation.every=<env steps>; the latest's figures "
                         "are printed beside it)")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.batch_size=128")
+    p = sub.add_parser("checkpoints", help="every kept checkpoint of a run on the fixed and the "
+                                           "validation routes: what checkpoint selection would pick")
+    p.add_argument("--run-dir", required=True, help="a run trained with checkpoint_keep=0")
+    p.add_argument("--max-steps", type=int, default=6000, help="step limit per route")
     p = sub.add_parser("minddrive", help="MindDrive learning check: SFT reference vs PPO in language "
                                          "space, route completion on the town's fixed routes")
     p.add_argument("--town", default="grid")
@@ -1599,6 +1654,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
               "train": bench_train, "update": bench_update, "reward": bench_reward, "learn": bench_learn,
+              "checkpoints": bench_checkpoints,
               "side-by-side": bench_side_by_side,
               "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive,
               "reward-quality": bench_reward_quality, "distill": bench_distill,

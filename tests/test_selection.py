@@ -77,7 +77,8 @@ def _check_best(rows: list[dict], best: dict):
 @pytest.fixture(scope="module")
 def validated_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("sel") / "run"
-    return run_dir, train(config(*VALIDATED, "total_timesteps=150"), run_dir)
+    return run_dir, train(config(*VALIDATED, "total_timesteps=150", "checkpoint_every=50",
+                                 "checkpoint_keep=0"), run_dir)
 
 
 def test_a_validated_run_keeps_its_best_policy(validated_run):
@@ -98,6 +99,30 @@ def test_a_validated_run_keeps_its_best_policy(validated_run):
                        progress=False, out_dir=run_dir / "eval" / "best")
     assert res["metrics"]["episodes"] == 1
     assert json.loads((run_dir / "eval" / "best" / "metrics.json").read_text())["meta"]["checkpoint"] == "best"
+
+
+def test_bench_checkpoints_compares_every_kept_checkpoint(validated_run, capsys):
+    run_dir, _ = validated_run
+    # checkpoint_keep=0 kept every checkpoint (the default keeps the newest two)
+    kept = sorted(int(p.stem.split("_")[1]) for p in (run_dir / "checkpoints").glob("model_*.zip"))
+    assert kept == [50, 100, 150]
+    res = load_script("bench").main(["checkpoints", "--run-dir", str(run_dir), "--max-steps", "15"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == json.loads(json.dumps(res))
+    rows = res["checkpoints"]
+    assert [r["checkpoint"] for r in rows] == ["model_50.zip", "model_100.zip", "model_150.zip", "best.zip"]
+    for r in rows:  # each on the 10 fixed routes and on the run's 2 validation routes
+        test = json.loads((run_dir / "eval" / "checkpoints" / Path(r["checkpoint"]).stem / "test" / "metrics.json").read_text())
+        val = json.loads((run_dir / "eval" / "checkpoints" / Path(r["checkpoint"]).stem / "validation" / "metrics.json").read_text())
+        assert test["metrics"]["episodes"] == 10 and val["metrics"]["episodes"] == 2
+        assert r["test"]["RC"] == test["metrics"]["RC"] and r["validation"]["RC"] == val["metrics"]["RC"]
+        assert val["meta"]["routes_file"] == str(run_dir / "validation_routes.json")
+    drawn = rows[:3]
+    assert res["latest"] == {"steps": 150, "test_rc": drawn[-1]["test"]["RC"]}
+    assert res["best_in_hindsight_test_rc"] == max(r["test"]["RC"] for r in drawn)
+    top = max(score(r["validation"]) for r in drawn)
+    assert res["selected"]["steps"] == [r for r in drawn if score(r["validation"]) == top][-1]["steps"]
+    with pytest.raises(FileNotFoundError, match="checkpoint_keep=0"):
+        load_script("bench").main(["checkpoints", "--run-dir", str(run_dir / "validation_routes.json")])
 
 
 def test_resume_keeps_the_best_so_far_and_validates_on(validated_run, tmp_path):

@@ -99,12 +99,14 @@ def check_policy_env(policy, env_space, where):
 def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | None = None, *,
                  checkpoint: str = "latest", device: str = "auto", map_path: str | None = None,
                  out_dir: str | Path | None = None, meta: dict | None = None, sim: dict | None = None,
-                 **kwargs) -> dict:
+                 validation: bool = False, **kwargs) -> dict:
     """Evaluate a training run's checkpoint on the fixed routes of ``town`` x ``density`` (default:
     the run's own) with the run's obs/env settings (``sim``: another backend's config, e.g. a CARLA
     server for a policy trained on the embedded sim); reports go to ``<run>/eval/<town>-<density>``
-    (:func:`eval_folder`) unless ``out_dir``. ``kwargs`` go to :func:`drivemind.evaluation.evaluate`. Returns its result
-    plus ``out`` (the report folder)."""
+    (:func:`eval_folder`) unless ``out_dir``. ``validation``: the run's validation routes and
+    their traffic seeds instead (:mod:`.selection`; the training town only, reports under
+    ``<run>/eval/validation`` unless ``out_dir``). ``kwargs`` go to
+    :func:`drivemind.evaluation.evaluate`. Returns its result plus ``out`` (the report folder)."""
     from ..evaluation import evaluate
     from .build import env_kwargs
 
@@ -120,6 +122,17 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
         cfg = study_world(cfg)
     kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path"), **({"sim": sim} if sim else {})})
     out = Path(out_dir) if out_dir else run_dir / "eval" / eval_folder(town, density)
+    if validation:
+        from ..envs.routes import VALIDATION_TRAFFIC_SEED
+        from .selection import validation_route_file
+
+        if town != cfg["town"]["name"]:
+            raise ValueError(f"validation routes are the training town's ({cfg['town']['name']}), "
+                             f"not {town}'s: leave town unset")
+        v = cfg.get("validation") or {}
+        kw["routes_file"] = validation_route_file(run_dir, town, kw.get("map_path"), int(v.get("routes", 10)))
+        kw["config"] = {**(kw.get("config") or {}), "eval_traffic_seed": VALIDATION_TRAFFIC_SEED}
+        out = Path(out_dir) if out_dir else run_dir / "eval" / "validation"
     res = evaluate(policy, town=town, density=density, out_dir=out, env_kwargs=kw,
                    meta={"run": str(run_dir), "checkpoint": checkpoint, "policy": run_dir.name,
                          **(meta or {})},

@@ -198,8 +198,9 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             wall = time.perf_counter() - t0 if wall is None else wall
             return {"wall_s_total": round(before + wall, 1), "code": code}
 
+        keep = int(cfg.get("checkpoint_keep", 2))
         ck = CheckpointEvery(ckpt_dir, int(cfg.get("checkpoint_every", 0)),
-                             with_buffer=bool(cfg.get("checkpoint_buffer", True)), record=record)
+                             with_buffer=bool(cfg.get("checkpoint_buffer", True)), keep=keep, record=record)
         sel = _selection(cfg, run_dir, record)  # validation.every > 0: checkpoint selection
         reason = "failed"
         try:
@@ -219,7 +220,8 @@ def train(cfg: dict, run_dir: str | Path, resume: bool = False) -> dict:
             stop._on_training_end()  # SB3 skips it when learn raises: restore the signal handlers
             wall = time.perf_counter() - t0
             rec = record(wall)
-            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)), record=rec)
+            entry = save_checkpoint(model, ckpt_dir, bool(cfg.get("checkpoint_buffer", True)), keep=keep,
+                                    record=rec)
             summary = {
                 "steps": int(model.num_timesteps), "total_timesteps": total, "status": reason,
                 "wall_s": round(wall, 1), "wall_s_total": rec["wall_s_total"], "algo": algo, "reward": cfg["reward"]["name"],

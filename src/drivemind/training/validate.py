@@ -136,6 +136,7 @@ def _check_run(c: _Checker) -> tuple[int | None, int]:
         c.bad("device", dev, "valid: auto, cpu, cuda, cuda:<index>, mps")
     c.int("torch_threads", 0, why=" (0 = torch's default)")
     c.int("checkpoint_every", 0, why=" (env steps between checkpoints; 0 = only at the end)")
+    c.int("checkpoint_keep", 0, why=" (the newest checkpoints kept; 0 = every one)")
     c.num("max_minutes", 0, lo_open=True, none_ok=True, why=" (a wall-time budget; null = none)")
     feats = _get(c.cfg, "obs.features")
     if feats is not _MISSING and feats is not None and not (isinstance(feats, str) and feats):
