@@ -936,7 +936,7 @@ def bench_checkpoints(args) -> dict:
     from scipy.stats import spearmanr
 
     from drivemind.training.evaluate import evaluate_run
-    from drivemind.training.selection import BEST, score
+    from drivemind.training.selection import BEST, BEST_JSON, better
 
     run = Path(args.run_dir)
     ckpts = sorted(run.glob("checkpoints/model_*.zip"), key=lambda p: int(p.stem.split("_")[1]))
@@ -947,7 +947,7 @@ def bench_checkpoints(args) -> dict:
     rows = []
     for p in ckpts:
         row = {"checkpoint": p.name,
-               "steps": (json.loads((p.parent / "best.json").read_text())["steps"] if p.name == BEST
+               "steps": (json.loads((p.parent / BEST_JSON).read_text())["steps"] if p.name == BEST
                          else int(p.stem.split("_")[1]))}
         for name, val in (("test", False), ("validation", True)):
             m = evaluate_run(run, checkpoint=str(p), validation=val, video_route=None, progress=False,
@@ -959,7 +959,7 @@ def bench_checkpoints(args) -> dict:
     drawn = [r for r in rows if r["checkpoint"] != BEST]
     pick = None
     for r in drawn:  # validation.every's rule over the kept checkpoints
-        if pick is None or score(r["validation"]) >= score(pick["validation"]):
+        if better(r["validation"], pick and pick["validation"]):
             pick = r
     v, t = [r["validation"]["RC"] for r in drawn], [r["test"]["RC"] for r in drawn]
     rho = spearmanr(v, t)[0] if len(set(v)) > 1 and len(set(t)) > 1 else float("nan")  # undefined for a constant

@@ -123,15 +123,12 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
     kw = env_kwargs({**cfg, "map_path": map_path or cfg.get("map_path"), **({"sim": sim} if sim else {})})
     out = Path(out_dir) if out_dir else run_dir / "eval" / eval_folder(town, density)
     if validation:
-        from ..envs.routes import VALIDATION_TRAFFIC_SEED
-        from .selection import validation_route_file
+        from .selection import validation_env_kwargs
 
         if town != cfg["town"]["name"]:
             raise ValueError(f"validation routes are the training town's ({cfg['town']['name']}), "
                              f"not {town}'s: leave town unset")
-        v = cfg.get("validation") or {}
-        kw["routes_file"] = validation_route_file(run_dir, town, kw.get("map_path"), int(v.get("routes", 10)))
-        kw["config"] = {**(kw.get("config") or {}), "eval_traffic_seed": VALIDATION_TRAFFIC_SEED}
+        kw = validation_env_kwargs(kw, run_dir, town, int((cfg.get("validation") or {}).get("routes", 10)))
         out = Path(out_dir) if out_dir else run_dir / "eval" / "validation"
     res = evaluate(policy, town=town, density=density, out_dir=out, env_kwargs=kw,
                    meta={"run": str(run_dir), "checkpoint": checkpoint, "policy": run_dir.name,

@@ -41,6 +41,21 @@ def score(m: dict) -> tuple[float, float]:
     return float(m["RC"]), float(m["completion"])
 
 
+def better(m: dict, best: dict | None) -> bool:
+    """The selection rule: ``m`` replaces ``best`` when its :func:`score` is at least as high (a
+    tie goes to the later policy)."""
+    return best is None or score(m) >= score(best)
+
+
+def validation_env_kwargs(env_kwargs: dict, run_dir: Path, town: str, n: int = 10) -> dict:
+    """``env_kwargs`` (the run's, :func:`..build.env_kwargs`) for an eval-mode env that drives the
+    run's validation routes with their traffic seeds (``VALIDATION_TRAFFIC_SEED`` + i)."""
+    from ..envs.routes import VALIDATION_TRAFFIC_SEED
+
+    return {**env_kwargs, "routes_file": validation_route_file(run_dir, town, env_kwargs.get("map_path"), n),
+            "config": {**(env_kwargs.get("config") or {}), "eval_traffic_seed": VALIDATION_TRAFFIC_SEED}}
+
+
 def validation_route_file(run_dir: Path, town: str, map_path=None, n: int = 10) -> Path:
     """``<run>/validation_routes.json``: written once per run (a resumed run keeps its routes)."""
     from ..envs.routes import eval_routes, make_validation_routes, write_routes
@@ -107,12 +122,9 @@ class ValidateEvery(BaseCallback):
     def env(self):
         if self._env is None:
             from ..envs import DriveEnv
-            from ..envs.routes import VALIDATION_TRAFFIC_SEED
 
-            kw = dict(self.env_kwargs)
-            routes = validation_route_file(self.run_dir, self.town, kw.get("map_path"), self.n_routes)
-            kw["config"] = {**(kw.get("config") or {}), "eval_traffic_seed": VALIDATION_TRAFFIC_SEED}
-            self._env = DriveEnv(self.town, self.density, mode="eval", routes_file=routes, **kw)
+            kw = validation_env_kwargs(self.env_kwargs, self.run_dir, self.town, self.n_routes)
+            self._env = DriveEnv(self.town, self.density, mode="eval", **kw)
         return self._env
 
     def validate(self) -> dict:
@@ -129,11 +141,11 @@ class ValidateEvery(BaseCallback):
                    for i in range(len(env.eval_route_list))]
         m = compute_metrics(records, mode="test")
         steps = int(model.num_timesteps)
-        better = self.best is None or score(m) >= score(self.best)  # a tie: the later policy
+        is_best = better(m, self.best)
         row = {"steps": steps, "wall_s": self.wall(), **{k: round(float(m[k]), 4) for k in
                                                          ("RC", "SR", "CR", "completion", "AS")},
-               "validate_s": round(time.perf_counter() - t, 2), "best": int(better)}
-        if better:
+               "validate_s": round(time.perf_counter() - t, 2), "best": int(is_best)}
+        if is_best:
             tmp = self.ckpt_dir / f".{BEST}"
             self.ckpt_dir.mkdir(parents=True, exist_ok=True)
             model.save(tmp)
