@@ -49,7 +49,8 @@ update: the cost of one SAC gradient step on the fast path (experiment=fast's mo
      encoder features, [256, 256] MLP heads, fused Adam), filled past learning_starts by a short
      real training run, then model.train timed in alternating rounds per batch size: ms_per_update
      and ms_per_256_samples for each (is a bigger batch cheaper per sample on this CPU?);
-     --autocast bf16 also times each update under torch.autocast("cpu", bfloat16).
+     --autocast bf16 also times each update with algo.autocast=bf16 (the training setting: the
+     forward passes under torch.autocast in bfloat16, the heads' output layers in float32).
 
     python scripts/bench.py reward
 
@@ -550,8 +551,8 @@ def bench_update(args) -> dict:
         if dev == "cuda":
             th.cuda.synchronize()
         t = time.perf_counter()
-        with th.autocast(dev, dtype=th.bfloat16, enabled=mode.startswith("bf16")):
-            model.train(gradient_steps=n, batch_size=b)
+        model.autocast = "bf16" if mode.startswith("bf16") else "none"  # algo.autocast, as in training
+        model.train(gradient_steps=n, batch_size=b)
         if dev == "cuda":
             th.cuda.synchronize()
         return (time.perf_counter() - t) / n * 1000
@@ -1511,7 +1512,7 @@ def main(argv=None):
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")
     p.add_argument("--batch-sizes", default="256,512,1024")
-    p.add_argument("--autocast", default="none", help="none, or bf16: also time under bfloat16 autocast")
+    p.add_argument("--autocast", default="none", help="none, or bf16: also time with algo.autocast=bf16")
     p.add_argument("--warmup", type=int, default=3000, help="env steps of real training before timing")
     p.add_argument("--updates", type=int, default=30, help="gradient steps per timed round")
     p.add_argument("--profile", type=int, default=0, metavar="K",
