@@ -36,8 +36,10 @@ def test_settings_are_checked_without_the_learning_stack():
     guidance setting (checked by the torch-free agents.guidance_config) included."""
     mods = _modules_after(
         "from drivemind.training import config_problems\n"
-        "p = config_problems({'algo': {'name': 'sac', 'batch_size': 0, 'guidance': 'telepathy'}})\n"
-        "assert any('algo.batch_size=0' in x for x in p) and any('algo.guidance' in x for x in p), p\n")
+        "p = config_problems({'algo': {'name': 'sac', 'batch_size': 0, 'guidance': 'telepathy',\n"
+        "                              'autocast': 'fp16'}})\n"
+        "assert any('algo.batch_size=0' in x for x in p) and any('algo.guidance' in x for x in p), p\n"
+        "assert any('algo.autocast' in x for x in p), p\n")
     assert "drivemind.training.validate" in mods and "drivemind.agents.guidance_config" in mods
     assert not [m for m in mods if m in ("torch", "stable_baselines3", "drivemind.agents.guidance")], mods
     from drivemind.agents import DriveSAC  # the package's names still load, on first use

@@ -5,6 +5,10 @@ The names below are imported on first use (PEP 562), so a torch-free module of t
 (``guidance_config``, read by the config checks before a run starts) loads without torch and
 Stable-Baselines3."""
 
+# DriveSAC(autocast=...) / algo.autocast: the gradient step's precision (here, torch-free, for the
+# config checks)
+AUTOCAST = ("none", "bf16")
+
 _NAMES = {
     "EMPTY": ".buffer", "INVALID": ".buffer", "LABELLED": ".buffer", "PENDING": ".buffer",
     "PaletteCodec": ".buffer", "RelabelReplayBuffer": ".buffer",

@@ -39,6 +39,7 @@ from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputP
 from torch import nn
 from torch.nn import functional as F
 
+from . import AUTOCAST
 from .buffer import LABELLED, RelabelReplayBuffer
 from .embedding import needs_embedding, needs_obs_embedding, wants_view_embedding
 from .extractor import DriveExtractor
@@ -125,9 +126,6 @@ class DriveSACPolicy(MultiInputPolicy):
             log_std = th.clamp(a.log_std(latent), LOG_STD_MIN, LOG_STD_MAX)
             dist = a.action_dist.proba_distribution(mean, log_std)
             return th.tanh(mean), dist.log_prob(actions)
-
-
-AUTOCAST = ("none", "bf16")  # DriveSAC(autocast=...): the gradient step's precision
 
 
 @contextlib.contextmanager

@@ -217,7 +217,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
     c.int("algo.palette_size", 2, 256, why=" (the replay buffer's codes are one byte)")
     c.int("algo.embedding_dim", 1, none_ok=True)
     c.flag("algo.policy_kwargs.critic_layer_norm")
-    from ..agents.sac import AUTOCAST
+    from ..agents import AUTOCAST
     c.choice("algo.autocast", AUTOCAST)
     svc = _get(c.cfg, "algo.reward_service")
     if isinstance(svc, dict):
