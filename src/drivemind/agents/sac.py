@@ -148,8 +148,6 @@ def q_from_features(critic, features: th.Tensor, actions: th.Tensor) -> th.Tenso
     autocast the heads' hidden layers run in its dtype and their output layers in float32
     (:func:`float32_outputs`)."""
     x = th.cat([features, actions], dim=1)
-    if not th.is_autocast_enabled(x.device.type):
-        return th.cat([q(x) for q in critic.q_networks], dim=1)
     qs = []
     for q in critic.q_networks:
         *hidden, out = q  # create_mlp's Sequential: [Linear, (LayerNorm,) ReLU] * k, Linear
@@ -254,7 +252,7 @@ class DriveSAC(SAC):
         ``autocast="bf16"`` (the heads' output layers stay float32: :func:`float32_outputs`), else
         nothing. On a CPU with AVX-512 BF16 a fast-path step takes about a quarter less time
         (docs/benchmarks.md); parameters, optimizer state and losses stay float32."""
-        if getattr(self, "autocast", "none") == "bf16":  # models saved before the setting: none
+        if self.autocast == "bf16":  # a model saved before the setting loads with the default, none
             return th.autocast(self.device.type, dtype=th.bfloat16)
         return contextlib.nullcontext()
 
