@@ -92,6 +92,15 @@ learn: learning speed. Trains with the fast settings (experiment=fast: frozen BE
      --checkpoint best (with validation.every=<env steps>) evaluates the policy selected on the
      validation routes, and the latest one beside it (docs/training.md "Checkpoint selection").
 
+    python scripts/bench.py learn-summary default='docs/results/learn_15min/stop39-default-s*.json' \
+        bf16='docs/results/learn_15min/stop39-bf16-s*.json' --ref default [--goal 0.8]
+
+learn-summary: many `learn` runs, kept as the JSON `learn` prints (each NAME=PATTERN[,PATTERN...]
+     one variant, its glob patterns; a file may hold several seeds): per variant the runs, mean
+     route completion and collision rate with 95 % intervals (the study's two-stage bootstrap:
+     runs, then each run's routes), the runs at or above --goal, s.d., env steps and endings;
+     with --ref, each variant minus the reference with its interval and P(above).
+
     python scripts/bench.py checkpoints --run-dir <run trained with checkpoint_keep=0>
 
 checkpoints: every checkpoint a run kept (model_<steps>.zip, and best.zip), each on the town's 10
@@ -1015,6 +1024,26 @@ def bench_learn(args) -> dict:
             "endings": endings, "per_seed": rows, "curve": str(curve), **machine()}
 
 
+def bench_learn_summary(args) -> dict:
+    """Many ``learn`` runs per variant (``drivemind.evaluation.learn_summary``)."""
+    from drivemind.evaluation.learn_summary import resolve, summarize
+
+    arms = {}
+    for spec in args.arms:
+        name, sep, patterns = spec.partition("=")
+        if not sep or not name or not patterns:
+            raise SystemExit(f"learn-summary: {spec!r} is not NAME=PATTERN[,PATTERN...] (for example "
+                             f"default='docs/results/learn_15min/stop39-default-s*.json')")
+        if name in arms:
+            raise SystemExit(f"learn-summary: variant {name!r} given twice; list its patterns once, "
+                             f"comma-separated")
+        arms[name] = [p for p in patterns.split(",") if p]
+    try:
+        return summarize(resolve(arms), ref=args.ref, goal=args.goal, n=args.draws, seed=args.seed)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(str(e)) from None
+
+
 def driving_score_approx(records) -> float:
     """A Bench2Drive-style driving score: per route, the fraction of the route progressed times
     0.6 per collision (the leaderboard's vehicle-collision factor; the records hold neither the
@@ -1578,6 +1607,14 @@ def main(argv=None):
                         "(a run trained with validation.every=<env steps>; the latest's figures "
                         "are printed beside it)")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.batch_size=128")
+    p = sub.add_parser("learn-summary", help="many `learn` runs' JSON: route completion per variant "
+                                             "with 95 % intervals, runs at the goal, against a reference")
+    p.add_argument("arms", nargs="+", metavar="NAME=PATTERN[,PATTERN...]",
+                   help="a variant and the glob patterns of its `learn` JSON files")
+    p.add_argument("--ref", default=None, help="the variant the others are compared with")
+    p.add_argument("--goal", type=float, default=0.8, help="route completion a run should reach")
+    p.add_argument("--draws", type=int, default=10000, help="bootstrap draws")
+    p.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
     p = sub.add_parser("checkpoints", help="every kept checkpoint of a run on the fixed and the "
                                            "validation routes: what checkpoint selection would pick")
     p.add_argument("--run-dir", required=True, help="a run trained with checkpoint_keep=0")
@@ -1655,7 +1692,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
               "train": bench_train, "update": bench_update, "reward": bench_reward, "learn": bench_learn,
-              "checkpoints": bench_checkpoints,
+              "checkpoints": bench_checkpoints, "learn-summary": bench_learn_summary,
               "side-by-side": bench_side_by_side,
               "drivevlm-service": bench_drivevlm_service, "minddrive": bench_minddrive,
               "reward-quality": bench_reward_quality, "distill": bench_distill,

@@ -1,0 +1,108 @@
+"""bench.py learn-summary: many `bench.py learn` results per variant, read from the JSON files they
+printed (docs/results/learn_15min/), with the study's bootstrap intervals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from script_loader import load_script
+from drivemind.evaluation.learn_summary import read_learn_json, resolve, summarize
+
+
+def _row(seed, arrived, collided=0, n=10, town="Town02", reward="drivemind_kinematic"):
+    """One per-seed row as `bench.py learn` writes it (the keys learn-summary reads)."""
+    return {"seed": seed, "town": town, "density": "regular", "reward": reward,
+            "env_steps": 80000 + seed, "env_steps_per_s": 90.0,
+            "route_completion": arrived / n, "collision_rate": collided / n,
+            "endings": {"arrived": arrived, "collision": collided, "off_route": n - arrived - collided,
+                        "stuck": 0, "other": 0}}
+
+
+def _write(path, rows, minutes=15.0, log=False):
+    obj = {"what": "learn", "minutes": minutes, "route_completion": float(np.mean([r["route_completion"] for r in rows])),
+           "per_seed": rows}
+    text = json.dumps(obj)
+    # a log: what the run printed before its last line stays in front of it
+    path.write_text(("[drivemind] training...\n{\"partial\": 1\n" + text + "\n") if log else text)
+    return path
+
+
+def test_means_goal_counts_and_intervals_follow_the_runs(tmp_path):
+    rng = np.random.default_rng(3)
+    a = rng.integers(3, 11, size=8)  # arrived routes of 10, per run
+    b = np.clip(a - 3, 0, 10)
+    for i, k in enumerate(a):
+        _write(tmp_path / f"a-s{i}.json", [_row(i, int(k), collided=int(10 - k) // 2)])
+    # variant b: two seeds per file, one file written as a log
+    for j in range(0, 8, 2):
+        _write(tmp_path / f"b-{j}.log", [_row(j, int(b[j])), _row(j + 1, int(b[j + 1]))], log=j == 0)
+    arms = resolve({"a": [str(tmp_path / "a-s*.json")], "b": [str(tmp_path / "b-*.log")]})
+    out = summarize(arms, ref="a", goal=0.8, n=2000, seed=1)
+    A, B = out["arms"]["a"], out["arms"]["b"]
+    assert A["runs"] == B["runs"] == 8
+    assert A["route_completion"] == pytest.approx(np.mean(a) / 10)
+    assert B["route_completion"] == pytest.approx(np.mean(b) / 10)
+    assert A["at_goal"] == int(np.sum(a >= 8)) and B["at_goal"] == int(np.sum(b >= 8))
+    assert A["route_completion_sd"] == pytest.approx(np.std(a / 10, ddof=1), abs=1e-4)
+    assert A["collision_rate"] == pytest.approx(np.mean((10 - a) // 2) / 10)
+    for arm in (A, B):
+        lo, hi = arm["route_completion_ci"]
+        assert lo <= arm["route_completion"] <= hi and hi - lo > 0.02
+    d = out["vs_ref"]["b"]
+    assert d["route_completion"] == pytest.approx(B["route_completion"] - A["route_completion"], abs=1e-4)
+    lo, hi = d["route_completion_ci"]
+    assert hi < 0 and d["route_completion_p_greater"] < 0.05  # b is 3 routes of 10 worse on every run
+    assert "a" not in out["vs_ref"]
+    # deterministic for its seed; another seed draws other intervals
+    assert summarize(arms, ref="a", n=2000, seed=1) == out
+    assert summarize(arms, ref="a", n=2000, seed=2)["arms"]["a"]["route_completion_ci"] != A["route_completion_ci"] \
+        or summarize(arms, ref="a", n=2000, seed=2)["arms"]["b"]["route_completion_ci"] != B["route_completion_ci"]
+
+
+def test_one_run_keeps_the_route_spread(tmp_path):
+    _write(tmp_path / "one.json", [_row(0, 5)])
+    out = summarize(resolve({"x": [str(tmp_path / "one.json")]}), n=2000)
+    lo, hi = out["arms"]["x"]["route_completion_ci"]
+    assert lo < 0.5 < hi and hi - lo > 0.3  # ten routes at 0.5: a wide interval, not a point
+    assert out["arms"]["x"]["route_completion_sd"] is None and "vs_ref" not in out
+
+
+def test_bad_input_gets_one_clear_error(tmp_path):
+    _write(tmp_path / "t2.json", [_row(0, 8)])
+    _write(tmp_path / "t1.json", [_row(1, 8, town="Town01")])
+    (tmp_path / "other.json").write_text(json.dumps({"what": "sim", "npc_mean_speed_kmh": 12.0}))
+    (tmp_path / "empty.log").write_text("no json here\n")
+    bad = dict(_row(2, 8)); bad["route_completion"] = 0.3
+    _write(tmp_path / "bad.json", [bad])
+    with pytest.raises(FileNotFoundError, match=r"x=.*nothing-\*\.json matches no file"):
+        resolve({"x": [str(tmp_path / "nothing-*.json")]})
+    with pytest.raises(ValueError, match="mixes runs with different town.*Town01, Town02"):
+        summarize(resolve({"x": [str(tmp_path / "t*.json")]}), n=200)
+    with pytest.raises(ValueError, match="not a `bench.py learn` result.*'sim'"):
+        read_learn_json(tmp_path / "other.json")
+    with pytest.raises(ValueError, match="no JSON object"):
+        read_learn_json(tmp_path / "empty.log")
+    with pytest.raises(ValueError, match="route_completion 0.3 is not the share of arrived routes"):
+        summarize({"x": [tmp_path / "bad.json"]}, n=200)
+    with pytest.raises(ValueError, match="--ref 'y' is not one of the variants: x"):
+        summarize({"x": [tmp_path / "t2.json"]}, ref="y")
+
+
+def test_the_command_prints_the_summary_last(tmp_path, capsys):
+    for i, k in enumerate((6, 9, 10)):
+        _write(tmp_path / f"d-s{i}.json", [_row(i, k)])
+        _write(tmp_path / f"v-s{i}.json", [_row(i, k - 2)])
+    bench = load_script("bench")
+    res = bench.main(["learn-summary", f"default={tmp_path}/d-s0.json,{tmp_path}/d-s[12].json",
+                      f"v={tmp_path}/v-s*.json", "--ref", "default", "--draws", "500"])
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last == json.loads(json.dumps(res))
+    assert res["arms"]["default"]["runs"] == 3 and res["arms"]["default"]["at_goal"] == 2
+    assert res["vs_ref"]["v"]["route_completion"] == pytest.approx(-0.2)
+    with pytest.raises(SystemExit, match="is not NAME=PATTERN"):
+        bench.main(["learn-summary", f"{tmp_path}/d-s0.json"])
+    with pytest.raises(SystemExit, match="variant 'v' given twice"):
+        bench.main(["learn-summary", f"v={tmp_path}/v-s0.json", f"v={tmp_path}/v-s1.json"])
