@@ -82,6 +82,8 @@ def with_values(cfg: dict, **values) -> dict:
     ("sac", {"algo__gradient_steps": -2}, "algo.gradient_steps=-2 is invalid"),
     ("sac", {"algo__ent_coef": -0.1}, "algo.ent_coef=-0.1 is invalid: must be auto, auto_<initial value > 0>"),
     ("sac", {"algo__ent_coef": "auto_x"}, "algo.ent_coef='auto_x' is invalid"),
+    ("sac", {"algo__target_entropy": "high"}, "algo.target_entropy='high' is invalid: must be auto"),
+    ("sac", {"algo__target_entropy": float("nan")}, "algo.target_entropy=nan is invalid"),
     ("sac", {"algo__palette_size": 300}, "algo.palette_size=300 is invalid: must be an integer in [2, 256]"),
     ("sac", {"algo__embedding_dim": 0}, "algo.embedding_dim=0 is invalid: must be an integer >= 1 or null"),
     ("sac", {"algo__reward_service__max_batch": 0}, "algo.reward_service.max_batch=0 is invalid"),
@@ -129,6 +131,7 @@ def test_every_reward_config_passes(reward):
 
 def test_values_that_look_odd_but_are_valid(base):
     ok = with_values(base["sac"], total_timesteps=1e6, algo__gradient_steps=-1, algo__ent_coef="auto_0.1",
+                     algo__target_entropy=-1.0,
                      algo__train_freq=[1, "episode"], algo__gamma=1.0, algo__tau=1.0, device="cuda:1",
                      checkpoint_every=0, algo__learning_starts=0, algo__embedding_dim=None,
                      algo__reward_service=None)

@@ -214,6 +214,9 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
                 ok = False
         if not ok:
             c.bad("algo.ent_coef", ent, "must be auto, auto_<initial value > 0> or a number >= 0")
+    te = _get(c.cfg, "algo.target_entropy")
+    if te is not _MISSING and te != "auto" and not (_is_num(te) and math.isfinite(te)):
+        c.bad("algo.target_entropy", te, "must be auto (minus the number of action dimensions) or a number")
     c.int("algo.palette_size", 2, 256, why=" (the replay buffer's codes are one byte)")
     c.int("algo.embedding_dim", 1, none_ok=True)
     c.flag("algo.policy_kwargs.critic_layer_norm")
