@@ -15,7 +15,7 @@ from drivemind.evaluation.learn_summary import read_learn_json, resolve, summari
 def _row(seed, arrived, collided=0, n=10, town="Town02", reward="drivemind_kinematic"):
     """One per-seed row as `bench.py learn` writes it (the keys learn-summary reads)."""
     return {"seed": seed, "town": town, "density": "regular", "reward": reward,
-            "env_steps": 80000 + seed, "env_steps_per_s": 90.0,
+            "env_steps": 80000 + seed, "env_steps_per_s": 90.0, "mean_speed_kmh": 20.0 + seed,
             "route_completion": arrived / n, "collision_rate": collided / n,
             "endings": {"arrived": arrived, "collision": collided, "off_route": n - arrived - collided,
                         "stuck": 0, "other": 0}}
@@ -48,6 +48,8 @@ def test_means_goal_counts_and_intervals_follow_the_runs(tmp_path):
     assert A["at_goal"] == int(np.sum(a >= 8)) and B["at_goal"] == int(np.sum(b >= 8))
     assert A["route_completion_sd"] == pytest.approx(np.std(a / 10, ddof=1), abs=1e-4)
     assert A["collision_rate"] == pytest.approx(np.mean((10 - a) // 2) / 10)
+    assert A["mean_speed_kmh"] == pytest.approx(20.0 + np.mean(np.arange(8)))
+    assert A["env_steps_range"] == [80000, 80007] and A["seeds"] == list(range(8))
     for arm in (A, B):
         lo, hi = arm["route_completion_ci"]
         assert lo <= arm["route_completion"] <= hi and hi - lo > 0.02

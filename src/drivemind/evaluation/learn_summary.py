@@ -83,9 +83,9 @@ def _routes(row: dict, where: Path) -> dict:
 def summarize(arms: dict[str, list[Path]], ref: str | None = None, goal: float = 0.8,
               n: int = DRAWS, seed: int = 0) -> dict:
     """Per variant: the runs, mean route completion with its interval, the runs at or above
-    ``goal``, s.d., env steps, collision rate with its interval, endings; with ``ref``, each other
-    variant minus the reference (route completion and collision rate) with its interval and the
-    share of draws in which it is above."""
+    ``goal``, s.d., env steps, mean speed on the routes, collision rate with its interval, endings;
+    with ``ref``, each other variant minus the reference (route completion and collision rate)
+    with its interval and the share of draws in which it is above."""
     if not arms:
         raise ValueError("learn-summary needs at least one variant: NAME=PATTERN[,PATTERN...]")
     if ref is not None and ref not in arms:
@@ -128,6 +128,8 @@ def summarize(arms: dict[str, list[Path]], ref: str | None = None, goal: float =
             "env_steps_range": [int(min(float(r["env_steps"]) for r in rows)),
                                 int(max(float(r["env_steps"]) for r in rows))],
             "env_steps_per_s": round(float(np.mean([float(r["env_steps_per_s"]) for r in rows])), 1),
+            "mean_speed_kmh": (round(float(np.mean([float(r["mean_speed_kmh"]) for r in rows])), 2)
+                               if all(r.get("mean_speed_kmh") is not None for r in rows) else None),
             "endings": {k: int(sum((r.get("endings") or {}).get(k, 0) for r in rows))
                         for k in rows[0].get("endings") or {}},
             "seeds": [r.get("seed") for r in rows],
