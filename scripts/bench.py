@@ -98,8 +98,8 @@ learn: learning speed. Trains with the fast settings (experiment=fast: frozen BE
 learn-summary: many `learn` runs, kept as the JSON `learn` prints (each NAME=PATTERN[,PATTERN...]
      one variant, its glob patterns; a file may hold several seeds): per variant the runs, mean
      route completion and collision rate with 95 % intervals (the study's two-stage bootstrap:
-     runs, then each run's routes), the runs at or above --goal, s.d., env steps and endings;
-     with --ref, each variant minus the reference with its interval and P(above).
+     runs, then each run's routes), the runs at or above --goal, s.d., env steps, mean speed and
+     endings; with --ref, each variant minus the reference with its interval and P(above).
 
     python scripts/bench.py checkpoints --run-dir <run trained with checkpoint_keep=0>
 

@@ -89,6 +89,8 @@ def test_bad_input_gets_one_clear_error(tmp_path):
         read_learn_json(tmp_path / "empty.log")
     with pytest.raises(ValueError, match="route_completion 0.3 is not the share of arrived routes"):
         summarize({"x": [tmp_path / "bad.json"]}, n=200)
+    with pytest.raises(ValueError, match=r"--goal is a route completion in \[0, 1\], got 80"):
+        summarize({"x": [tmp_path / "t2.json"]}, goal=80)
     with pytest.raises(ValueError, match="--ref 'y' is not one of the variants: x"):
         summarize({"x": [tmp_path / "t2.json"]}, ref="y")
 

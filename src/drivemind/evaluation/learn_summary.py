@@ -92,6 +92,8 @@ def summarize(arms: dict[str, list[Path]], ref: str | None = None, goal: float =
         raise ValueError(f"--ref {ref!r} is not one of the variants: {', '.join(arms)}")
     if n < 100:
         raise ValueError(f"learn-summary needs at least 100 bootstrap draws, got {n}")
+    if not 0.0 <= goal <= 1.0:
+        raise ValueError(f"learn-summary --goal is a route completion in [0, 1], got {goal}")
     rng = np.random.default_rng(seed)
     out = {"what": "learn-summary", "goal": goal, "level": LEVEL, "draws": n, "arms": {}}
     sampled: dict[str, dict[str, np.ndarray]] = {}
