@@ -109,6 +109,14 @@ def _interval(x: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
+def difference(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """The interval of A - B from the two sides' independent bootstrap draws, and the share of
+    draws in which A is above B (ties count half): ``(lo, hi, p_greater)``."""
+    d = a - b
+    lo, hi = _interval(d)
+    return lo, hi, float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
+
+
 def contrast(a_runs: list[dict], b_runs: list[dict] | None, key: str, evals, *, n: int = DRAWS,
              seed: int = 0) -> dict:
     """A's ``key`` over ``evals`` with its interval and, given ``b_runs``, A - B with its
@@ -137,10 +145,8 @@ def contrast(a_runs: list[dict], b_runs: list[dict] | None, key: str, evals, *, 
         out[name] = {"mean": point(seeds, key), "lo": lo, "hi": hi}
     if b_runs is not None:
         if "a" in sides and "b" in sides:
-            d = sides["a"] - sides["b"]
-            lo, hi = _interval(d)
+            lo, hi, out["p_greater"] = difference(sides["a"], sides["b"])
             out["diff"] = {"mean": out["a"]["mean"] - out["b"]["mean"], "lo": lo, "hi": hi}
-            out["p_greater"] = float(np.mean(d > 0) + 0.5 * np.mean(d == 0))
         else:
             out["diff"], out["p_greater"] = None, None
     return out

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .contrasts import DRAWS, LEVEL, _interval, draws, point
+from .contrasts import DRAWS, LEVEL, _interval, difference, draws, point
 
 METRICS = {"RC": "route_completion", "CR": "collision_rate"}
 # what the runs of one variant must share: a variant mixing towns or rewards is a mistake
@@ -145,10 +145,9 @@ def summarize(arms: dict[str, list[Path]], ref: str | None = None, goal: float =
                 continue
             cmp = {}
             for key, label in METRICS.items():
-                d = sampled[name][key] - sampled[ref][key]
-                lo, hi = _interval(d)
+                lo, hi, p_greater = difference(sampled[name][key], sampled[ref][key])
                 cmp[label] = round(out["arms"][name][label] - out["arms"][ref][label], 4)
                 cmp[f"{label}_ci"] = [round(lo, 4), round(hi, 4)]
-                cmp[f"{label}_p_greater"] = round(float(np.mean(d > 0) + 0.5 * np.mean(d == 0)), 4)
+                cmp[f"{label}_p_greater"] = round(p_greater, 4)
             out["vs_ref"][name] = cmp
     return out
