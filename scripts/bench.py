@@ -17,6 +17,17 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      the junction rule from before; the JSON echoes them as "traffic". --breakdown adds where
      the NPCs' time goes ("breakdown": shares of vehicle-time moving, split by what limits the
      speed, and standing, by what the queue waits for; mean speed by class; TrafficBreakdown).
+     npc_max_standing_s: the longest time any vehicle stood for any reason, red lights included
+     (read from the snapshots, as on CARLA).
+
+    python scripts/bench.py sim --backend carla --carla host=gpu-box --carla port=2000 --town Town02 --density dense --seconds 1800
+
+sim --backend carla: the same run on a CARLA server: its Traffic Manager drives the vehicles, our
+     autopilot the ego; the figures a world snapshot gives, measured as on the embedded simulator
+     (SnapshotTraffic): npc_mean_speed_kmh (by class), npc_stopped_share_at_end,
+     npc_max_standing_s, ego_routes_completed / ego_collisions, server ticks per second. What
+     only the embedded simulator knows (npc_collisions, npc_max_stuck_s, npc_respawns) is null.
+     --carla KEY=VALUE (repeatable) is a sim.carla setting (configs/sim/carla.yaml).
 
     python scripts/bench.py env --town Town02 --density regular --seconds 300
 
@@ -305,7 +316,155 @@ class TrafficBreakdown:
                                             for c, (m, s) in sorted(self.cls_speed.items())}}
 
 
+class SnapshotTraffic:
+    """What the background vehicles did, read from the world's snapshots only, so it is the same
+    measure on either backend (`bench.py sim --backend carla` has nothing else to read): the mean
+    speed (per step, the mean over the vehicles), by class, the share standing (< 0.1 m/s) at the
+    end, and ``max_standing_s``, the longest time any one vehicle stood (< 0.3 m/s) for any
+    reason, red lights included (the embedded simulator's ``npc_max_stuck_s`` leaves out standing
+    at a red light, which a snapshot cannot tell)."""
+
+    def __init__(self):
+        from drivemind.sim.snapshot import ActorClass
+
+        self.classes = {int(c): c.name.lower() for c in (ActorClass.CAR, ActorClass.MOTORCYCLE,
+                                                         ActorClass.BICYCLE)}
+        self.steps, self.speed, self.max_standing_s = 0, 0.0, 0.0
+        self.cls_speed: dict = {}
+        self.standing: dict = {}  # vehicle id -> seconds standing so far
+        self.last = np.zeros(0)
+
+    def add(self, snap) -> None:
+        a = snap.actors
+        m = np.isin(a.cls, list(self.classes))
+        v = np.hypot(a.velocity[m, 0], a.velocity[m, 1])
+        cls, ids = a.cls[m], a.id[m]
+        self.steps += 1
+        self.last = v
+        if len(v):
+            self.speed += float(v.mean())
+        for c in np.unique(cls):
+            self.cls_speed[int(c)] = self.cls_speed.get(int(c), 0.0) + float(v[cls == c].mean())
+        standing = {}
+        for i, vi in zip(ids.tolist(), v.tolist()):
+            if vi < 0.3:
+                standing[i] = t = self.standing.get(i, 0.0) + snap.dt
+                self.max_standing_s = max(self.max_standing_s, t)
+        self.standing = standing
+
+    def result(self) -> dict:
+        n = max(self.steps, 1)
+        return {"npc_mean_speed_kmh": round(3.6 * self.speed / n, 2),
+                "npc_mean_speed_kmh_by_class": {self.classes[c]: round(3.6 * s / n, 2)
+                                                for c, s in sorted(self.cls_speed.items())},
+                "npc_stopped_share_at_end": round(float((self.last < 0.1).mean()) if len(self.last)
+                                                  else 0.0, 3),
+                "npc_max_standing_s": round(self.max_standing_s, 1)}
+
+
+def carla_options(args) -> dict:
+    """--carla KEY=VALUE (repeatable) as sim.carla settings (values read as YAML), checked."""
+    import yaml
+
+    from drivemind.carla_backend import CarlaConfig
+
+    out = {}
+    for item in getattr(args, "carla", None) or []:
+        key, sep, val = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--carla takes KEY=VALUE (a sim.carla setting), got {item!r}")
+        out[key] = yaml.safe_load(val)
+    try:
+        CarlaConfig.from_dict(out)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"sim: --carla: {exc}") from None
+    return out
+
+
+def bench_sim_carla(args) -> dict:
+    """`bench.py sim --backend carla`: the same run on a CARLA server, its Traffic Manager
+    driving the background vehicles (and its walker AI the walkers), the ego on our autopilot:
+    the traffic figures a snapshot gives (SnapshotTraffic), to set CARLA's traffic beside the
+    embedded simulator's on the same town, density, seed and simulated time."""
+    from drivemind.carla_backend import CarlaBackend, CarlaBackendError, CarlaConnectionError
+    from drivemind.maps.routing import RouteError, random_route
+    from drivemind.sim import SimConfig, density_config
+    from drivemind.sim.autopilot import Autopilot
+
+    if getattr(args, "traffic", None):
+        raise SystemExit("sim: --traffic sets the embedded simulator's traffic model; with --backend "
+                         "carla the Traffic Manager drives (its settings: --carla "
+                         "tm_speed_difference=..., --carla tm_leading_distance=...)")
+    if getattr(args, "breakdown", False):
+        raise SystemExit("sim: --breakdown reads the embedded simulator's traffic state; it needs "
+                         "--backend lite")
+    opts = carla_options(args)
+    counts = {} if getattr(args, "vehicles", None) is None else {"vehicles": args.vehicles}
+    if counts and args.vehicles < 0:
+        raise SystemExit(f"sim: --vehicles must be >= 0, got {args.vehicles}")
+    pinned = pin_one_core() if args.cores == 1 else False
+    cfg = density_config(args.density, base=SimConfig(), **counts)
+    steps = int(round(args.seconds / cfg.dt))
+    meter = SnapshotTraffic()
+    ego_collisions = routes = 0
+    parked_at = None
+    t_world = c_world = 0.0
+    try:
+        world = CarlaBackend(args.town, cfg, opts)
+    except (CarlaConnectionError, CarlaBackendError, ValueError) as exc:
+        raise SystemExit(f"sim: {exc}") from None
+    try:
+        rm = world.map
+        rng = np.random.default_rng(args.seed)
+        route = random_route(rm, rng, max_length=3000.0)
+        snap = world.reset(seed=args.seed, ego_pose=route.start)
+        pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+        t_all = time.perf_counter()
+        for _ in range(steps):
+            action = pilot.act(snap) if parked_at is None else (0.0, -1.0)
+            t, c = time.perf_counter(), time.process_time()
+            snap = world.step(action)
+            t_world += time.perf_counter() - t
+            c_world += time.process_time() - c
+            if world.interrupted:
+                raise SystemExit(f"sim: the CARLA server at {world.carla.address} went away "
+                                 f"after {meter.steps} steps; the run's figures would mix two "
+                                 f"worlds, so none are given")
+            ego_collisions += len(snap.collisions)
+            meter.add(snap)
+            if parked_at is None and pilot.done:
+                routes += 1
+                try:
+                    pilot.new_route_from(rng, snap.ego.x, snap.ego.y)
+                except RouteError:  # an open road end: the ego stays there, braking
+                    parked_at = round(snap.time, 1)
+        t_all = time.perf_counter() - t_all
+    except (CarlaConnectionError, CarlaBackendError) as exc:
+        raise SystemExit(f"sim: {exc}") from None
+    finally:
+        world.close()
+    return {
+        "what": "sim", "backend": "carla", "town": args.town, "density": args.density,
+        "seed": args.seed, "carla": {k: v for k, v in opts.items()},
+        **({"vehicles_asked": args.vehicles} if counts else {}),
+        "simulated_s": round(steps * cfg.dt, 1), "steps": steps,
+        "steps_per_s": round(steps / max(t_world, 1e-9), 1),
+        "steps_per_cpu_s": round(steps / max(c_world, 1e-9), 1),
+        "steps_per_s_with_autopilot": round(steps / max(t_all, 1e-9), 1),
+        **world.spawned, **meter.result(),
+        # what only the embedded simulator knows: contacts among background actors, standing
+        # not at a red light, respawns (the Traffic Manager has none)
+        "npc_collisions": None, "npc_max_stuck_s": None, "npc_respawns": None,
+        "ego_routes_completed": routes, "ego_collisions": ego_collisions,
+        "ego_parked_at_s": parked_at, "one_core": pinned, **machine(),
+    }
+
+
 def bench_sim(args) -> dict:
+    if getattr(args, "backend", "lite") == "carla":
+        return bench_sim_carla(args)
+    if getattr(args, "carla", None):
+        raise SystemExit("sim: --carla sets a CARLA server's options; it needs --backend carla")
     from drivemind.maps import load_town
     from drivemind.maps.routing import RouteError, random_route
     from drivemind.sim.tables import linked_roadmap
@@ -336,6 +495,7 @@ def bench_sim(args) -> dict:
     classes = {k: m for k, m in classes.items() if m.any()}  # the classes this density has
     class_speed = dict.fromkeys(classes, 0.0)
     ego_collisions = routes = ego_restarts = 0
+    meter = SnapshotTraffic()
     t_all = time.perf_counter()
     for _ in range(steps):
         action = pilot.act(snap)
@@ -344,6 +504,7 @@ def bench_sim(args) -> dict:
         t_world += time.perf_counter() - t
         c_world += time.process_time() - c
         ego_collisions += len(snap.collisions)
+        meter.add(snap)
         npc_speed += float(world.v_v.mean()) if len(world.v_v) else 0.0
         for k, m in classes.items():
             class_speed[k] += float(world.v_v[m].mean())
@@ -364,7 +525,7 @@ def bench_sim(args) -> dict:
                 ego_restarts += 1
     t_all = time.perf_counter() - t_all
     return {
-        "what": "sim", "town": rm.name, "density": args.density, "seed": args.seed,
+        "what": "sim", "backend": "lite", "town": rm.name, "density": args.density, "seed": args.seed,
         "traffic": traffic, **({"vehicles_asked": args.vehicles} if counts else {}),
         "simulated_s": round(steps * world.cfg.dt, 1), "steps": steps,
         "steps_per_s": round(steps / t_world, 1),
@@ -376,6 +537,7 @@ def bench_sim(args) -> dict:
         "npc_mean_speed_kmh_by_class": {k: round(3.6 * v / steps, 2) for k, v in class_speed.items()},
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
+        "npc_max_standing_s": meter.result()["npc_max_standing_s"],
         "npc_exits": world.npc_exits,
         "npc_wait_cycles": world.npc_wait_cycles,
         "npc_overtakes": world.npc_overtakes, "npc_overtake_aborts": world.npc_overtake_aborts,
@@ -1507,6 +1669,12 @@ def main(argv=None):
                         "against the number of vehicles, down to 1 (the lights' and turns' bound)")
     s.add_argument("--breakdown", action="store_true",
                    help="also report where the NPCs' time goes (slow: a Python loop per step)")
+    s.add_argument("--backend", choices=("lite", "carla"), default="lite",
+                   help="lite: the embedded simulator; carla: a CARLA server, its Traffic Manager "
+                        "driving the traffic (the figures a snapshot gives; see --carla)")
+    s.add_argument("--carla", action="append", metavar="KEY=VALUE",
+                   help="a sim.carla setting with --backend carla (repeatable), e.g. host=gpu-box, "
+                        "port=2000, timeout=20, tm_speed_difference=30")
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")

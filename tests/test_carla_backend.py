@@ -580,3 +580,52 @@ def test_eval_on_a_carla_server_that_is_not_there_fails_in_one_line():
     assert p.returncode == 2
     assert f"127.0.0.1:{port}" in p.stderr and "1 s timeout" in p.stderr and "sim=lite" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+# --------------------------------------------------------------------------- bench.py sim on CARLA
+def test_bench_sim_on_carla_gives_the_embedded_simulators_figures(server, monkeypatch, capsys):
+    """`bench.py sim --backend carla` (the Traffic Manager's traffic measured as ours is) against
+    the doubled server, whose world the embedded simulator moves: the figures it reads from the
+    snapshots equal `bench.py sim` on the embedded simulator for the same town, density, seed and
+    simulated time, and the server is left clean."""
+    from script_loader import load_script
+
+    api = make_api(server)
+    monkeypatch.setattr(backend_mod, "default_api", lambda: api)
+    bench = load_script("bench")
+    common = ["sim", "--town", "grid", "--density", "dense", "--seconds", "60", "--seed", "3",
+              "--cores", "0"]
+    lite = bench.main(common)
+    carla = bench.main(common + ["--backend", "carla", "--carla", "port=2100",
+                                 "--carla", "reconnect_wait=0"])
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"what": "sim", "backend": "carla"')
+    assert lite["backend"] == "lite" and carla["carla"] == {"port": 2100, "reconnect_wait": 0}
+    assert ("localhost", 2100) in server.connections
+    assert carla["vehicles"] == lite["vehicles"] == 40 and carla["steps"] == lite["steps"] == 600
+    assert lite["npc_mean_speed_kmh"] > 5.0  # the traffic moved
+    for key in ("npc_mean_speed_kmh", "npc_stopped_share_at_end", "npc_max_standing_s"):
+        assert carla[key] == pytest.approx(lite[key], abs=0.011), key
+    assert carla["npc_mean_speed_kmh_by_class"] == pytest.approx(lite["npc_mean_speed_kmh_by_class"], abs=0.011)
+    assert (carla["ego_collisions"], carla["ego_routes_completed"]) == (lite["ego_collisions"],
+                                                                        lite["ego_routes_completed"])
+    # the standing clock counts red lights too: never below the simulator's own, which does not
+    assert lite["npc_max_standing_s"] >= lite["npc_max_stuck_s"]
+    # what only the embedded simulator knows is not made up
+    assert carla["npc_collisions"] is None and carla["npc_max_stuck_s"] is None
+    assert server.live_actors("vehicle.") == [] and not server.world.settings["synchronous_mode"]
+
+
+def test_bench_sim_carla_options_fail_in_one_line(monkeypatch):
+    from script_loader import load_script
+
+    bench = load_script("bench")
+    with pytest.raises(SystemExit, match=r"unknown sim.carla option\(s\) \['prot'\]; valid: .*'port'"):
+        bench.main(["sim", "--backend", "carla", "--carla", "prot=2000"])
+    with pytest.raises(SystemExit, match="--traffic sets the embedded simulator's .* tm_speed_difference"):
+        bench.main(["sim", "--backend", "carla", "--traffic", "idm_T=1.0"])
+    with pytest.raises(SystemExit, match="--carla sets a CARLA server's options; it needs --backend carla"):
+        bench.main(["sim", "--carla", "port=2000"])
+    port = closed_port()  # the real client, nobody listening: host:port and the timeout
+    with pytest.raises(SystemExit, match=f"127.0.0.1:{port}.*1 s timeout"):
+        bench.main(["sim", "--backend", "carla", "--town", "grid", "--cores", "0", "--carla",
+                    "host=127.0.0.1", "--carla", f"port={port}", "--carla", "timeout=1"])
