@@ -331,26 +331,33 @@ class SnapshotTraffic:
                                                          ActorClass.BICYCLE)}
         self.steps, self.speed, self.max_standing_s = 0, 0.0, 0.0
         self.cls_speed: dict = {}
-        self.standing: dict = {}  # vehicle id -> seconds standing so far
+        self._cls = np.array(list(self.classes), np.int8)
+        self._nc = max(self.classes) + 1
+        self.ids = np.zeros(0, np.int64)  # the vehicles of the last step, and
+        self.clock = np.zeros(0)  # how long each has stood so far
         self.last = np.zeros(0)
 
     def add(self, snap) -> None:
         a = snap.actors
-        m = np.isin(a.cls, list(self.classes))
+        m = np.isin(a.cls, self._cls)
         v = np.hypot(a.velocity[m, 0], a.velocity[m, 1])
-        cls, ids = a.cls[m], a.id[m]
+        cls, ids = a.cls[m].astype(np.int64), a.id[m]
         self.steps += 1
         self.last = v
-        if len(v):
-            self.speed += float(v.mean())
-        for c in np.unique(cls):
-            self.cls_speed[int(c)] = self.cls_speed.get(int(c), 0.0) + float(v[cls == c].mean())
-        standing = {}
-        for i, vi in zip(ids.tolist(), v.tolist()):
-            if vi < 0.3:
-                standing[i] = t = self.standing.get(i, 0.0) + snap.dt
-                self.max_standing_s = max(self.max_standing_s, t)
-        self.standing = standing
+        if not len(v):
+            self.ids, self.clock = ids, np.zeros(0)
+            return
+        self.speed += float(v.mean())
+        n = np.bincount(cls, minlength=self._nc)
+        sums = np.bincount(cls, weights=v, minlength=self._nc)
+        for c in np.flatnonzero(n):
+            self.cls_speed[int(c)] = self.cls_speed.get(int(c), 0.0) + float(sums[c] / n[c])
+        if not np.array_equal(ids, self.ids):  # actors came or went: carry each one's clock over
+            old = dict(zip(self.ids.tolist(), self.clock.tolist()))
+            self.clock = np.array([old.get(i, 0.0) for i in ids.tolist()])
+            self.ids = ids
+        self.clock = np.where(v < 0.3, self.clock + snap.dt, 0.0)
+        self.max_standing_s = max(self.max_standing_s, float(self.clock.max()))
 
     def result(self) -> dict:
         n = max(self.steps, 1)

@@ -629,3 +629,34 @@ def test_bench_sim_carla_options_fail_in_one_line(monkeypatch):
     with pytest.raises(SystemExit, match=f"127.0.0.1:{port}.*1 s timeout"):
         bench.main(["sim", "--backend", "carla", "--town", "grid", "--cores", "0", "--carla",
                     "host=127.0.0.1", "--carla", f"port={port}", "--carla", "timeout=1"])
+
+
+def test_snapshot_traffic_counts_each_vehicles_standing_by_id():
+    """bench.py's SnapshotTraffic, fed snapshots by hand: vehicles are told apart by id (rows may
+    come, go and reorder, as a server's actor lists do), walkers are left out, a vehicle's standing
+    clock restarts when it moves."""
+    from types import SimpleNamespace as NS
+
+    from script_loader import load_script
+
+    meter = load_script("bench").SnapshotTraffic()
+    car, bike, walker = int(ActorClass.CAR), int(ActorClass.BICYCLE), int(ActorClass.WALKER)
+
+    def snap(rows):  # rows: (id, class, speed)
+        ids, cls, v = (np.array(c) for c in zip(*rows))
+        return NS(dt=0.5, actors=NS(id=ids.astype(np.int64), cls=cls.astype(np.int8),
+                                    velocity=np.stack([v, np.zeros(len(v))], 1)))
+
+    meter.add(snap([(1, car, 0.0), (2, car, 10.0), (9, walker, 0.0)]))
+    meter.add(snap([(2, car, 10.0), (1, car, 0.0), (9, walker, 0.0)]))  # reordered
+    meter.add(snap([(1, car, 0.0), (3, bike, 0.0), (9, walker, 0.0)]))  # 2 gone, 3 new
+    meter.add(snap([(3, bike, 0.0), (1, car, 5.0), (9, walker, 0.0)]))  # 1 drives off
+    meter.add(snap([(1, car, 0.0), (3, bike, 0.0), (9, walker, 0.0)]))
+    r = meter.result()
+    assert r["npc_max_standing_s"] == 1.5  # car 1: three steps of 0.5 s; the walker's 2.5 s not counted
+    assert meter.clock.tolist() == [0.5, 1.5]  # car 1 stood again for one step, bicycle 3 for three
+    assert r["npc_mean_speed_kmh"] == pytest.approx(3.6 * (5 + 5 + 0 + 2.5 + 0) / 5, abs=0.01)
+    # per class, as the embedded run counts it: summed over the steps it was there, over all steps
+    assert r["npc_mean_speed_kmh_by_class"] == {"car": pytest.approx(3.6 * 15 / 5, abs=0.01),
+                                                "bicycle": 0.0}
+    assert r["npc_stopped_share_at_end"] == 1.0
