@@ -18,7 +18,7 @@ sim: the embedded simulator's world step (ego driven by the autopilot on random 
      the NPCs' time goes ("breakdown": shares of vehicle-time moving, split by what limits the
      speed, and standing, by what the queue waits for; mean speed by class; TrafficBreakdown).
      npc_max_standing_s: the longest time any vehicle stood for any reason, red lights included
-     (read from the snapshots, as on CARLA).
+     (the clock `--backend carla` reads from its snapshots).
 
     python scripts/bench.py sim --backend carla --carla host=gpu-box --carla port=2000 --town Town02 --density dense --seconds 1800
 
@@ -317,8 +317,9 @@ class TrafficBreakdown:
 
 
 class SnapshotTraffic:
-    """What the background vehicles did, read from the world's snapshots only, so it is the same
-    measure on either backend (`bench.py sim --backend carla` has nothing else to read): the mean
+    """What the background vehicles did, read from the world's snapshots only (`bench.py sim
+    --backend carla` has nothing else to read), by the definitions the embedded run uses on its
+    own arrays (a test checks the two give the same figures on the server double): the mean
     speed (per step, the mean over the vehicles), by class, the share standing (< 0.1 m/s) at the
     end, and ``max_standing_s``, the longest time any one vehicle stood (< 0.3 m/s) for any
     reason, red lights included (the embedded simulator's ``npc_max_stuck_s`` leaves out standing
@@ -502,7 +503,7 @@ def bench_sim(args) -> dict:
     classes = {k: m for k, m in classes.items() if m.any()}  # the classes this density has
     class_speed = dict.fromkeys(classes, 0.0)
     ego_collisions = routes = ego_restarts = 0
-    meter = SnapshotTraffic()
+    standing, max_standing = np.zeros(0), 0.0
     t_all = time.perf_counter()
     for _ in range(steps):
         action = pilot.act(snap)
@@ -511,7 +512,12 @@ def bench_sim(args) -> dict:
         t_world += time.perf_counter() - t
         c_world += time.process_time() - c
         ego_collisions += len(snap.collisions)
-        meter.add(snap)
+        if len(world.v_v):  # each vehicle's standing clock, any cause (SnapshotTraffic's, in place)
+            if standing.shape != world.v_v.shape:
+                standing = np.zeros_like(world.v_v)
+            standing += world.cfg.dt
+            standing[world.v_v >= 0.3] = 0.0
+            max_standing = max(max_standing, float(standing.max()))
         npc_speed += float(world.v_v.mean()) if len(world.v_v) else 0.0
         for k, m in classes.items():
             class_speed[k] += float(world.v_v[m].mean())
@@ -544,7 +550,7 @@ def bench_sim(args) -> dict:
         "npc_mean_speed_kmh_by_class": {k: round(3.6 * v / steps, 2) for k, v in class_speed.items()},
         "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
-        "npc_max_standing_s": meter.result()["npc_max_standing_s"],
+        "npc_max_standing_s": round(max_standing, 1),
         "npc_exits": world.npc_exits,
         "npc_wait_cycles": world.npc_wait_cycles,
         "npc_overtakes": world.npc_overtakes, "npc_overtake_aborts": world.npc_overtake_aborts,
