@@ -218,17 +218,22 @@ def pin_one_core() -> bool:
         return False
 
 
-def traffic_overrides(args) -> dict:
-    """--traffic KEY=VALUE (repeatable) as a dict of sim.traffic settings (values read as YAML)."""
+def key_values(items, option: str, what: str) -> dict:
+    """``option KEY=VALUE`` (repeatable) as a dict of ``what`` settings (values read as YAML)."""
     import yaml
 
     out = {}
-    for item in getattr(args, "traffic", None) or []:
+    for item in items or []:
         key, sep, val = item.partition("=")
         if not sep:
-            raise SystemExit(f"--traffic takes KEY=VALUE (a sim.traffic setting), got {item!r}")
+            raise SystemExit(f"{option} takes KEY=VALUE (a {what} setting), got {item!r}")
         out[key] = yaml.safe_load(val)
     return out
+
+
+def traffic_overrides(args) -> dict:
+    """--traffic KEY=VALUE (repeatable) as a dict of sim.traffic settings."""
+    return key_values(getattr(args, "traffic", None), "--traffic", "sim.traffic")
 
 
 class TrafficBreakdown:
@@ -371,17 +376,10 @@ class SnapshotTraffic:
 
 
 def carla_options(args) -> dict:
-    """--carla KEY=VALUE (repeatable) as sim.carla settings (values read as YAML), checked."""
-    import yaml
-
+    """--carla KEY=VALUE (repeatable) as sim.carla settings, checked."""
     from drivemind.carla_backend import CarlaConfig
 
-    out = {}
-    for item in getattr(args, "carla", None) or []:
-        key, sep, val = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--carla takes KEY=VALUE (a sim.carla setting), got {item!r}")
-        out[key] = yaml.safe_load(val)
+    out = key_values(getattr(args, "carla", None), "--carla", "sim.carla")
     try:
         CarlaConfig.from_dict(out)
     except (TypeError, ValueError) as exc:
