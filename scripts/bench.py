@@ -321,6 +321,19 @@ class TrafficBreakdown:
                                             for c, (m, s) in sorted(self.cls_speed.items())}}
 
 
+STANDING_BELOW = 0.3  # m/s: a vehicle slower than this stands (its standing clock runs)
+STOPPED_BELOW = 0.1  # m/s: stopped, for the share standing at the end of a run
+
+
+def vehicle_counts(args) -> dict:
+    """--vehicles N as a density_config override ({} without it), checked."""
+    if getattr(args, "vehicles", None) is None:
+        return {}
+    if args.vehicles < 0:
+        raise SystemExit(f"sim: --vehicles must be >= 0, got {args.vehicles}")
+    return {"vehicles": args.vehicles}
+
+
 class SnapshotTraffic:
     """What the background vehicles did, read from the world's snapshots only (`bench.py sim
     --backend carla` has nothing else to read), by the definitions the embedded run uses on its
@@ -362,7 +375,7 @@ class SnapshotTraffic:
             old = dict(zip(self.ids.tolist(), self.clock.tolist()))
             self.clock = np.array([old.get(i, 0.0) for i in ids.tolist()])
             self.ids = ids
-        self.clock = np.where(v < 0.3, self.clock + snap.dt, 0.0)
+        self.clock = np.where(v < STANDING_BELOW, self.clock + snap.dt, 0.0)
         self.max_standing_s = max(self.max_standing_s, float(self.clock.max()))
 
     def result(self) -> dict:
@@ -370,7 +383,7 @@ class SnapshotTraffic:
         return {"npc_mean_speed_kmh": round(3.6 * self.speed / n, 2),
                 "npc_mean_speed_kmh_by_class": {self.classes[c]: round(3.6 * s / n, 2)
                                                 for c, s in sorted(self.cls_speed.items())},
-                "npc_stopped_share_at_end": round(float((self.last < 0.1).mean()) if len(self.last)
+                "npc_stopped_share_at_end": round(float((self.last < STOPPED_BELOW).mean()) if len(self.last)
                                                   else 0.0, 3),
                 "npc_max_standing_s": round(self.max_standing_s, 1)}
 
@@ -405,9 +418,7 @@ def bench_sim_carla(args) -> dict:
         raise SystemExit("sim: --breakdown reads the embedded simulator's traffic state; it needs "
                          "--backend lite")
     opts = carla_options(args)
-    counts = {} if getattr(args, "vehicles", None) is None else {"vehicles": args.vehicles}
-    if counts and args.vehicles < 0:
-        raise SystemExit(f"sim: --vehicles must be >= 0, got {args.vehicles}")
+    counts = vehicle_counts(args)
     pinned = pin_one_core() if args.cores == 1 else False
     cfg = density_config(args.density, base=SimConfig(), **counts)
     steps = int(round(args.seconds / cfg.dt))
@@ -451,7 +462,7 @@ def bench_sim_carla(args) -> dict:
         world.close()
     return {
         "what": "sim", "backend": "carla", "town": args.town, "density": args.density,
-        "seed": args.seed, "carla": {k: v for k, v in opts.items()},
+        "seed": args.seed, "carla": dict(opts),
         **({"vehicles_asked": args.vehicles} if counts else {}),
         "simulated_s": round(steps * cfg.dt, 1), "steps": steps,
         "steps_per_s": round(steps / max(t_world, 1e-9), 1),
@@ -481,9 +492,7 @@ def bench_sim(args) -> dict:
     rm = load_town(args.town)
     traffic = traffic_overrides(args)
     base = SimConfig.from_dict({"traffic": traffic})
-    counts = {} if getattr(args, "vehicles", None) is None else {"vehicles": args.vehicles}
-    if counts and args.vehicles < 0:
-        raise SystemExit(f"sim: --vehicles must be >= 0, got {args.vehicles}")
+    counts = vehicle_counts(args)
     world, rng, snap, pilot = autopilot_episode(rm, density_config(args.density, base=base, **counts), args.seed)
     route = pilot.route
     for _ in range(20):  # warm-up: compiled kernels load from the cache
@@ -514,7 +523,7 @@ def bench_sim(args) -> dict:
             if standing.shape != world.v_v.shape:
                 standing = np.zeros_like(world.v_v)
             standing += world.cfg.dt
-            standing[world.v_v >= 0.3] = 0.0
+            standing[world.v_v >= STANDING_BELOW] = 0.0
             max_standing = max(max_standing, float(standing.max()))
         npc_speed += float(world.v_v.mean()) if len(world.v_v) else 0.0
         for k, m in classes.items():
@@ -546,7 +555,7 @@ def bench_sim(args) -> dict:
         **world.spawned,
         "npc_mean_speed_kmh": round(3.6 * npc_speed / steps, 2),
         "npc_mean_speed_kmh_by_class": {k: round(3.6 * v / steps, 2) for k, v in class_speed.items()},
-        "npc_stopped_share_at_end": round(float((world.v_v < 0.1).mean()) if len(world.v_v) else 0.0, 3),
+        "npc_stopped_share_at_end": round(float((world.v_v < STOPPED_BELOW).mean()) if len(world.v_v) else 0.0, 3),
         "npc_max_stuck_s": round(world.npc_max_stuck_s, 1), "npc_respawns": world.npc_respawns,
         "npc_max_standing_s": round(max_standing, 1),
         "npc_exits": world.npc_exits,
