@@ -1101,6 +1101,13 @@ def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
                              "collision_rate": m["CR"], "mean_speed_kmh": m["AS"]},
                   "best_at_steps": (summary.get("validation") or {}).get("best", {}).get("steps")}
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    if ((cfg["algo"].get("policy_kwargs") or {}).get("actor_ema")) is not None:
+        # the same run's online actor beside its moving average of the actor (evaluated above)
+        m = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False,
+                         checkpoint=checkpoint, actor="online",
+                         out_dir=run_dir / "eval" / "online")["metrics"]
+        paired["online"] = {"route_completion": m["RC"], "success_rate": m["SR"],
+                            "collision_rate": m["CR"], "mean_speed_kmh": m["AS"]}
     town, density = town_density(cfg)
     m = res["metrics"]
     wall = float(summary.get("wall_s_total", summary["wall_s"]))
@@ -1203,6 +1210,8 @@ def bench_learn(args) -> dict:
             "seeds": seeds, **mean, "checkpoint": args.checkpoint,
             **({"latest_route_completion": round(float(np.mean([r["latest"]["route_completion"] for r in rows])), 3)}
                if args.checkpoint == "best" else {}),
+            **({"online_route_completion": round(float(np.mean([r["online"]["route_completion"] for r in rows])), 3)}
+               if all("online" in r for r in rows) else {}),
             "endings": endings, "per_seed": rows, "curve": str(curve), **machine()}
 
 

@@ -55,7 +55,7 @@ def _main(cfg: DictConfig) -> dict:
             print(f"[drivemind] no run= given: evaluating the newest training run, {run} "
                   f"(pass run=<dir> for another)", flush=True)
         res = evaluate_run(run, town, density, checkpoint=c["checkpoint"], device=c["device"],
-                           map_path=c.get("map_path"), out_dir=c.get("out"), sim=c.get("sim"), **common)
+                           actor=c.get("actor", "auto"), map_path=c.get("map_path"), out_dir=c.get("out"), sim=c.get("sim"), **common)
     else:
         town, density = town or "grid", density or "regular"
         kw = env_kwargs({"obs": {"bev": {"preset": "cpu"}}, "map_path": c.get("map_path"),

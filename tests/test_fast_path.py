@@ -382,3 +382,67 @@ def test_the_actor_step_leaves_the_critic_weights_out_of_its_graph_and_updates_a
     assert (calls_new, calls_old) == (3, 6)  # one gradient per critic step; the old path: two
     assert len(params_new) == len(params_old)
     assert all(th.equal(a, b) for a, b in zip(params_new, params_old))
+
+
+def test_actor_ema_averages_the_actor_acts_in_evaluation_only_and_survives_a_reload(tmp_path):
+    """algo.policy_kwargs.actor_ema=tau: after every gradient step the average moves toward the
+    actor by tau (the shared encoder's copy too); the deterministic action is the average's, the
+    sampled one (collection) the actor's; a checkpoint keeps the average and tau, and
+    actor="online" evaluates the actor itself."""
+    tau = 0.25
+    env = gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu", features="bev_encoder",
+                   max_episode_steps=60)
+    m = DriveSAC("DrivePolicy", env, reward_fn=make_reward("drivemind_kinematic"), buffer_size=500,
+                 batch_size=32, learning_starts=40, seed=0,
+                 policy_kwargs={"features_extractor_class": FeatureExtractor, "net_arch": [32, 32],
+                                "actor_ema": tau})
+    pol = m.policy
+    names = [n for n, _ in pol.actor.named_parameters()]
+    assert names == [n for n, _ in pol.actor_ema.named_parameters()]
+    assert pol.actor_ema.features_extractor is not pol.actor.features_extractor  # its own copy
+    assert all(not p.requires_grad for p in pol.actor_ema.parameters())
+    m.learn(100)  # 60 gradient steps
+    ema0 = {n: p.detach().clone() for n, p in pol.actor_ema.named_parameters()}
+    m.train(gradient_steps=1, batch_size=32)
+    online = dict(pol.actor.named_parameters())
+    moved = 0
+    for n, p in pol.actor_ema.named_parameters():
+        th.testing.assert_close(p, ema0[n] + tau * (online[n].detach() - ema0[n]))
+        moved += not th.equal(p, ema0[n])
+    assert moved >= len(names) - 2  # every trained weight moved (log_std's bias may rest)
+
+    obs, _ = env.reset(seed=3)
+    o = pol.obs_to_tensor(obs)[0]
+    with th.no_grad():
+        det = pol._predict(o, deterministic=True)
+        assert th.equal(det, pol.actor_ema(o, deterministic=True))
+        assert not th.equal(det, pol.actor(o, deterministic=True))  # the two differ after training
+        th.manual_seed(0)
+        sampled = pol._predict(o, deterministic=False)
+        th.manual_seed(0)
+        assert th.equal(sampled, pol.actor(o, deterministic=False))
+
+    m.save(tmp_path / "m.zip")
+    back = DriveSAC.load(tmp_path / "m.zip", reward_fn=make_reward("drivemind_kinematic"))
+    assert back.policy.actor_ema_tau == tau and back.policy.use_actor_ema
+    for (n, p), (_, q) in zip(pol.actor_ema.named_parameters(), back.policy.actor_ema.named_parameters()):
+        assert th.equal(p, q), n
+    with th.no_grad():
+        assert th.equal(back.policy._predict(o, deterministic=True), det)
+        back.policy.use_actor_ema = False
+        assert th.equal(back.policy._predict(o, deterministic=True), pol.actor(o, deterministic=True))
+    env.close()
+
+
+def test_actor_ema_settings_are_checked():
+    from drivemind.training.validate import validate_config
+
+    for bad in ("0", "1.5", "-0.1"):
+        with pytest.raises(ValueError, match=r"algo.policy_kwargs.actor_ema.*\(0, 1\]"):
+            validate_config(config("experiment=fast", f"algo.policy_kwargs.actor_ema={bad}"))
+    with pytest.raises(ValueError, match="actor_ema.*SAC setting"):
+        validate_config(config("algo=ppo", "+algo.policy_kwargs.actor_ema=0.01"))
+    with pytest.raises(ValueError, match=r"actor_ema must be in \(0, 1\]"):
+        _ = DriveSAC("DrivePolicy", gym.make("DriveMind-v0", town="grid", bev="cpu", features="bev_encoder"),
+                     reward_fn=make_reward("task"), buffer_size=100,
+                     policy_kwargs={"features_extractor_class": FeatureExtractor, "actor_ema": 0.0})

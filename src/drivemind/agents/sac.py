@@ -28,6 +28,7 @@ Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any
 
 import numpy as np
@@ -52,12 +53,23 @@ class DriveSACPolicy(MultiInputPolicy):
     """SAC policy with one feature extractor shared by actor and critic, optimised with the critic.
     Defaults: ``DriveExtractor`` and 3-layer heads ([256, 256]: two hidden layers + output).
     ``critic_layer_norm``: a LayerNorm after each hidden linear layer of the Q heads (and their
-    targets), before the activation (as in RLPD, Ball et al. 2023); off by default."""
+    targets), before the activation (as in RLPD, Ball et al. 2023); off by default.
+    ``actor_ema``: keep an exponential moving average of the actor's weights (its encoder copy
+    included), moved toward the actor by this fraction after every gradient step (``None``: none);
+    the deterministic action (evaluation, checkpoint selection) is then the average's, while
+    collection keeps sampling the online actor, so training is unchanged. ``use_actor_ema = False``
+    acts with the online actor instead (``bench.py learn`` evaluates both)."""
 
     def __init__(self, observation_space, action_space, lr_schedule, net_arch=None,
                  features_extractor_class=DriveExtractor, features_extractor_kwargs=None,
-                 share_features_extractor: bool = True, critic_layer_norm: bool = False, **kwargs):
+                 share_features_extractor: bool = True, critic_layer_norm: bool = False,
+                 actor_ema: float | None = None, **kwargs):
         self.critic_layer_norm = bool(critic_layer_norm)
+        if actor_ema is not None and not 0.0 < float(actor_ema) <= 1.0:
+            raise ValueError(f"actor_ema must be in (0, 1] (the average's step toward the actor per "
+                             f"gradient step) or None, got {actor_ema!r}")
+        self.actor_ema_tau = None if actor_ema is None else float(actor_ema)
+        self.use_actor_ema = self.actor_ema_tau is not None
         if not share_features_extractor:
             raise ValueError("DriveSACPolicy always shares its encoder; use SB3's MultiInputPolicy "
                              "for separate actor/critic encoders")
@@ -70,6 +82,7 @@ class DriveSACPolicy(MultiInputPolicy):
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data["critic_layer_norm"] = self.critic_layer_norm
+        data["actor_ema"] = self.actor_ema_tau
         return data
 
     def make_critic(self, features_extractor=None):
@@ -86,6 +99,9 @@ class DriveSACPolicy(MultiInputPolicy):
 
     def _build(self, lr_schedule) -> None:
         self.actor = self.make_actor()
+        if self.actor_ema_tau is not None:  # before the optimizer, which the copy must not carry
+            self.actor_ema = copy.deepcopy(self.actor)  # its own copy of the shared encoder too
+            self.actor_ema.requires_grad_(False)
         self.critic = self.make_critic(features_extractor=self.actor.features_extractor)
         # the encoder learns from the critic loss only; the actor optimises its own head
         actor_params = [p for n, p in self.actor.named_parameters() if not n.startswith("features_extractor.")]
@@ -95,6 +111,21 @@ class DriveSACPolicy(MultiInputPolicy):
         self.critic_target = self.make_critic(features_extractor=None)
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.set_training_mode(False)
+
+    def _predict(self, observation, deterministic: bool = False) -> th.Tensor:
+        if deterministic and self.use_actor_ema:
+            return self.actor_ema(observation, deterministic)
+        return self.actor(observation, deterministic)
+
+    def update_actor_ema(self) -> None:
+        """Move the average toward the online actor by ``actor_ema`` (a no-op without one)."""
+        if self.actor_ema_tau is None:
+            return
+        if not hasattr(self, "_ema_pairs"):
+            online, ema = dict(self.actor.named_parameters()), dict(self.actor_ema.named_parameters())
+            self._ema_pairs = ([ema[k] for k in online], list(online.values()))
+        with th.no_grad():
+            th._foreach_lerp_(self._ema_pairs[0], self._ema_pairs[1], self.actor_ema_tau)
 
     def encode(self, obs, scaled: bool = False) -> th.Tensor:
         """Features of a batch; ``scaled``: images already float in [0, 1] (the replay buffer
@@ -433,6 +464,7 @@ class DriveSAC(SAC):
             actor_loss.backward()
             self.actor.optimizer.step()
 
+            policy.update_actor_ema()
             if step % self.target_update_interval == 0:
                 polyak_update(self._q_params, self._q_target_params, self.tau)
                 polyak_update(self.batch_norm_stats, self.batch_norm_stats_target, 1.0)

@@ -24,11 +24,18 @@ def eval_folder(town: str, density: str) -> str:
     return f"{xodr_stem(town) if is_town_file(town) else town}-{density}"
 
 
-def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "auto"):
+ACTORS = ("auto", "online")
+
+
+def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "auto",
+                actor: str = "auto"):
     """(policy(obs) -> action, model) from ``run_dir``'s latest checkpoint, its best on the
     validation routes (``"best"``, a run trained with ``validation.every``; :mod:`.selection`) or
     the given ``model_<steps>.zip``. The network is put in eval mode with gradients off; the action is
-    the deterministic one."""
+    the deterministic one: the moving average's of the actor weights when the run kept one
+    (SAC's ``algo.policy_kwargs.actor_ema``) unless ``actor="online"``, then the online actor's."""
+    if actor not in ACTORS:
+        raise ValueError(f"unknown actor {actor!r}; valid: {', '.join(ACTORS)}")
     run_dir = Path(run_dir)
     cfg_file = run_dir / "config.yaml"
     if not cfg_file.exists():
@@ -58,6 +65,8 @@ def load_policy(run_dir: str | Path, checkpoint: str = "latest", device: str = "
     cls = {"sac": DriveSAC, "ppo": DrivePPO}[cfg["algo"]["name"]]
     model = cls.load(path, device=device)
     model.policy.set_training_mode(False)
+    if actor == "online" and getattr(model.policy, "use_actor_ema", False):
+        model.policy.use_actor_ema = False
     return _frozen_policy(model, run_dir, cfg), model
 
 
@@ -99,19 +108,19 @@ def check_policy_env(policy, env_space, where):
 def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | None = None, *,
                  checkpoint: str = "latest", device: str = "auto", map_path: str | None = None,
                  out_dir: str | Path | None = None, meta: dict | None = None, sim: dict | None = None,
-                 validation: bool = False, **kwargs) -> dict:
+                 validation: bool = False, actor: str = "auto", **kwargs) -> dict:
     """Evaluate a training run's checkpoint on the fixed routes of ``town`` x ``density`` (default:
     the run's own) with the run's obs/env settings (``sim``: another backend's config, e.g. a CARLA
     server for a policy trained on the embedded sim); reports go to ``<run>/eval/<town>-<density>``
     (:func:`eval_folder`) unless ``out_dir``. ``validation``: the run's validation routes and
     their traffic seeds instead (:mod:`.selection`; the training town only, reports under
-    ``<run>/eval/validation`` unless ``out_dir``). ``kwargs`` go to
+    ``<run>/eval/validation`` unless ``out_dir``). ``actor``: as :func:`load_policy`. ``kwargs`` go to
     :func:`drivemind.evaluation.evaluate`. Returns its result plus ``out`` (the report folder)."""
     from ..evaluation import evaluate
     from .build import env_kwargs
 
     run_dir = Path(run_dir)
-    policy, _ = load_policy(run_dir, checkpoint, device)
+    policy, _ = load_policy(run_dir, checkpoint, device, actor)
     cfg = policy.config
     # the run's torch threads, as it trained (an evaluation beside one busy process: 23 s at torch's
     # default of 2 threads, 12 s at 1; beside a study's training runs up to 17x slower)
@@ -132,6 +141,7 @@ def evaluate_run(run_dir: str | Path, town: str | None = None, density: str | No
         out = Path(out_dir) if out_dir else run_dir / "eval" / "validation"
     res = evaluate(policy, town=town, density=density, out_dir=out, env_kwargs=kw,
                    meta={"run": str(run_dir), "checkpoint": checkpoint, "policy": run_dir.name,
+                         **({"actor": actor} if actor != "auto" else {}),
                          **(meta or {})},
                    # a clear error before any route runs, from the evaluation's own env
                    check_env=lambda env: check_policy_env(policy, env.observation_space, run_dir),

@@ -220,6 +220,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
     c.int("algo.palette_size", 2, 256, why=" (the replay buffer's codes are one byte)")
     c.int("algo.embedding_dim", 1, none_ok=True)
     c.flag("algo.policy_kwargs.critic_layer_norm")
+    c.num("algo.policy_kwargs.actor_ema", 0, 1, lo_open=True, none_ok=True)
     from ..agents import AUTOCAST
     c.choice("algo.autocast", AUTOCAST)
     svc = _get(c.cfg, "algo.reward_service")
@@ -282,6 +283,10 @@ def _check_ppo(c: _Checker, n_envs: int):
     if ln is not _MISSING and ln:
         c.bad("algo.policy_kwargs.critic_layer_norm", ln, "is a SAC setting (LayerNorm in the Q heads); "
               "PPO has no Q heads: remove it")
+    ema = _get(c.cfg, "algo.policy_kwargs.actor_ema")
+    if ema is not _MISSING and ema is not None:
+        c.bad("algo.policy_kwargs.actor_ema", ema, "is a SAC setting (a moving average of the actor's "
+              "weights for evaluation); DrivePPO has none: remove it")
     amp = _get(c.cfg, "algo.autocast")
     if amp is not _MISSING and amp not in (None, "none"):
         c.bad("algo.autocast", amp, "is a SAC setting (its gradient step in bfloat16); PPO's update "
