@@ -101,7 +101,9 @@ learn: learning speed. Trains with the fast settings (experiment=fast: frozen BE
      wall_s, env_steps_per_s (means over seeds, and per seed), and a PNG of task return, route
      completion and speed per episode against env steps and wall time for every seed.
      --checkpoint best (with validation.every=<env steps>) evaluates the policy selected on the
-     validation routes, and the latest one beside it (docs/training.md "Checkpoint selection").
+     validation routes, and the latest one beside it (docs/training.md "Checkpoint selection");
+     a run with algo.policy_kwargs.actor_ema is evaluated with its moving average of the actor and
+     with the online actor beside it (`online`).
 
     python scripts/bench.py learn-summary default='docs/results/learn_15min/stop39-default-s*.json' \
         bf16='docs/results/learn_15min/stop39-bf16-s*.json' --ref default [--goal 0.8]
@@ -110,7 +112,10 @@ learn-summary: many `learn` runs, kept as the JSON `learn` prints (each NAME=PAT
      one variant, its glob patterns; a file may hold several seeds): per variant the runs, mean
      route completion and collision rate with 95 % intervals (the study's two-stage bootstrap:
      runs, then each run's routes), the runs at or above --goal, s.d., env steps, mean speed and
-     endings; with --ref, each variant minus the reference with its interval and P(above).
+     endings, and the CPUs the runs were made on; with --ref, each variant minus the reference
+     with its interval and P(above). NAME@online / NAME@latest reads each run's online actor /
+     latest checkpoint (what `learn` printed beside the main figures); two variants of the same
+     runs also get the paired difference per run (`paired`).
 
     python scripts/bench.py checkpoints --run-dir <run trained with checkpoint_keep=0>
 
@@ -196,17 +201,43 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
+# the CPU features that decide the fast path's speed (fp32 matmuls: AVX-512 about 2x AVX2 here;
+# bf16 autocast pays only with AVX512_BF16 or AMX)
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
 def machine() -> dict:
+    """Python, architecture, CPU count, and the CPU as :func:`cpu_info` reads it."""
     info = {"python": platform.python_version(), "machine": platform.machine(),
             "cpus": os.cpu_count()}
     try:
         with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
+            info.update(cpu_info(fh.read()))
     except OSError:
         pass
+    return info
+
+
+def cpu_info(cpuinfo: str) -> dict:
+    """The first processor of a ``/proc/cpuinfo`` text: model name (``cpu``), family/model
+    numbers and the vector features of :data:`CPU_FLAGS` it has (``cpu_flags``). A cloud VM's model
+    name ("AMD EPYC") alone does not tell a Zen 3 from a Zen 4, whose learning runs differ by about
+    2x in env steps per minute (docs/benchmarks.md, "Stop 42")."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the end of the first processor's block
+            continue
+        k, _, v = line.partition(":")
+        fields[k.strip()] = v.strip()
+    info = {}
+    if "model name" in fields:
+        info["cpu"] = fields["model name"]
+    if "cpu family" in fields:
+        info["cpu_family_model"] = f"{fields['cpu family']}/{fields.get('model', '?')}"
+    flags = set(fields.get("flags", "").split())
+    info["cpu_flags"] = [f for f in CPU_FLAGS if f in flags]
     return info
 
 
@@ -1070,12 +1101,23 @@ def _learning_curves(runs: dict[str, Path], out_png: Path) -> None:
     plt.close(fig)
 
 
+def _figures(res: dict) -> dict:
+    """A second policy's figures beside a run's main ones (``latest``, ``online``): rates, mean
+    speed, and how its routes ended."""
+    from drivemind.evaluation.study import route_endings
+
+    m = res["metrics"]
+    return {"route_completion": m["RC"], "success_rate": m["SR"], "collision_rate": m["CR"],
+            "mean_speed_kmh": m["AS"], "endings": route_endings([r.to_dict() for r in res["records"]])}
+
+
 def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
               max_steps: int, train: bool = True, checkpoint: str = "latest") -> dict:
     """Train one run (unless ``train`` is false: ``run_dir`` holds a finished one) and evaluate
     its policy (``checkpoint``: latest, or best on the validation routes) on the training town's
     10 fixed routes. Returns the figures of ``bench.py learn``; with ``best``, the latest policy's
-    figures too (``latest``: the pair from one run)."""
+    figures too (``latest``: the pair from one run); for a run that kept a moving average of the
+    actor (evaluated as the main figures), the online actor's (``online``)."""
     import yaml
 
     from drivemind.evaluation.study import route_endings
@@ -1095,19 +1137,15 @@ def learn_one(experiment: str, seed: int, overrides: list[str], run_dir: Path,
     eval_s = time.perf_counter() - t
     paired = {}
     if checkpoint == "best":
-        m = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False,
-                         out_dir=run_dir / "eval" / "latest")["metrics"]
-        paired = {"latest": {"route_completion": m["RC"], "success_rate": m["SR"],
-                             "collision_rate": m["CR"], "mean_speed_kmh": m["AS"]},
+        paired = {"latest": _figures(evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps,
+                                                  progress=False, out_dir=run_dir / "eval" / "latest")),
                   "best_at_steps": (summary.get("validation") or {}).get("best", {}).get("steps")}
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     if ((cfg["algo"].get("policy_kwargs") or {}).get("actor_ema")) is not None:
         # the same run's online actor beside its moving average of the actor (evaluated above)
-        m = evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps, progress=False,
-                         checkpoint=checkpoint, actor="online",
-                         out_dir=run_dir / "eval" / "online")["metrics"]
-        paired["online"] = {"route_completion": m["RC"], "success_rate": m["SR"],
-                            "collision_rate": m["CR"], "mean_speed_kmh": m["AS"]}
+        paired["online"] = _figures(evaluate_run(run_dir, video_route=None, max_steps_per_route=max_steps,
+                                                 progress=False, checkpoint=checkpoint, actor="online",
+                                                 out_dir=run_dir / "eval" / "online"))
     town, density = town_density(cfg)
     m = res["metrics"]
     wall = float(summary.get("wall_s_total", summary["wall_s"]))

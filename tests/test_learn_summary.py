@@ -64,6 +64,57 @@ def test_means_goal_counts_and_intervals_follow_the_runs(tmp_path):
         or summarize(arms, ref="a", n=2000, seed=2)["arms"]["b"]["route_completion_ci"] != B["route_completion_ci"]
 
 
+def _machine(zen4: bool):
+    return {"cpu": "AMD EPYC", "cpu_family_model": "25/17" if zen4 else "25/1",
+            "cpu_flags": ["avx2", "avx512f", "avx512_bf16"] if zen4 else ["avx2"]}
+
+
+def test_a_runs_other_policy_is_a_variant_and_two_policies_of_the_same_runs_are_paired(tmp_path):
+    """NAME@online reads each run's online actor (bench.py learn prints it beside a moving average
+    of the actor); the same runs on both sides get a paired difference per run."""
+    ema = [9, 8, 7, 9, 6, 10]     # arrived routes of 10 with the average
+    online = [8, 8, 5, 7, 6, 9]   # the same runs' online actor: never better
+    for i, (e, o) in enumerate(zip(ema, online)):
+        row = {**_row(i, e), "run_dir": f"/runs/s{i}",
+               "online": {"route_completion": o / 10, "collision_rate": 0.1, "mean_speed_kmh": 21.0}}
+        if i % 2:  # newer runs print the online actor's endings too; older ones do not
+            row["online"]["endings"] = {"arrived": o, "collision": 1, "off_route": 9 - o, "stuck": 0, "other": 0}
+        (tmp_path / f"e-s{i}.json").write_text(json.dumps({"what": "learn", "minutes": 15.0,
+                                                           "per_seed": [row], **_machine(False)}))
+    pat = [str(tmp_path / "e-s*.json")]
+    out = summarize(resolve({"ema": pat, "ema@online": pat}), ref="ema@online", n=2000)
+    assert out["arms"]["ema"]["route_completion"] == pytest.approx(np.mean(ema) / 10, abs=1e-4)
+    assert out["arms"]["ema@online"]["route_completion"] == pytest.approx(np.mean(online) / 10, abs=1e-4)
+    assert out["arms"]["ema@online"]["collision_rate"] == pytest.approx(0.1)
+    assert out["arms"]["ema"]["cpus"] == {"AMD EPYC, family/model 25/1, avx2": 6}
+    d = out["vs_ref"]["ema"]
+    assert d["same_cpus"]
+    p = d["paired"]
+    assert p["runs"] == 6 and p["route_completion"] == pytest.approx((sum(ema) - sum(online)) / 60, abs=1e-4)
+    assert (p["runs_up"], p["runs_down"], p["runs_same"]) == (4, 0, 2)
+    lo, hi = p["route_completion_ci"]
+    assert 0 < lo <= p["route_completion"] <= hi and p["route_completion_p_greater"] > 0.99
+    # the independent intervals ignore the pairing and are wider
+    assert hi - lo < d["route_completion_ci"][1] - d["route_completion_ci"][0]
+
+
+def test_runs_on_other_cpus_are_flagged_and_bad_policy_names_are_refused(tmp_path):
+    for i, zen4 in enumerate((True, False)):
+        (tmp_path / f"m{i}.json").write_text(json.dumps({"what": "learn", "minutes": 15.0,
+                                                         "per_seed": [_row(i, 7)], **_machine(zen4)}))
+    (tmp_path / "old.json").write_text(json.dumps({"what": "learn", "minutes": 15.0,
+                                                   "per_seed": [_row(5, 8)], "cpu": "AMD EPYC"}))
+    out = summarize(resolve({"z4": [str(tmp_path / "m0.json")], "z3": [str(tmp_path / "m1.json")],
+                             "old": [str(tmp_path / "old.json")]}), ref="z4", n=200)
+    assert out["vs_ref"]["z3"]["same_cpus"] is False and out["vs_ref"]["old"]["same_cpus"] is False
+    assert out["arms"]["old"]["cpus"] == {"AMD EPYC, family/model not recorded": 1}
+    assert "paired" not in out["vs_ref"]["z3"]  # different runs: no pairing
+    with pytest.raises(ValueError, match="after '@' comes one of online, latest"):
+        summarize(resolve({"a@best": [str(tmp_path / "m0.json")]}), n=200)
+    with pytest.raises(ValueError, match="has no 'online' figures"):
+        summarize(resolve({"a@online": [str(tmp_path / "m0.json")]}), n=200)
+
+
 def test_one_run_keeps_the_route_spread(tmp_path):
     _write(tmp_path / "one.json", [_row(0, 5)])
     out = summarize(resolve({"x": [str(tmp_path / "one.json")]}), n=2000)
