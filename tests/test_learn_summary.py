@@ -161,3 +161,15 @@ def test_the_command_prints_the_summary_last(tmp_path, capsys):
         bench.main(["learn-summary", f"{tmp_path}/d-s0.json"])
     with pytest.raises(SystemExit, match="variant 'v' given twice"):
         bench.main(["learn-summary", f"v={tmp_path}/v-s0.json", f"v={tmp_path}/v-s1.json"])
+
+
+def test_bench_records_the_cpus_family_model_and_vector_features():
+    """bench.py's machine info reads the first processor of /proc/cpuinfo: a Zen 3 and a Zen 4 VM
+    both say "AMD EPYC", and only the family/model and the flags tell them apart."""
+    bench = load_script("bench")
+    text = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+            "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16\n\n"
+            "processor\t: 1\ncpu family\t: 99\nmodel name\t: other\nflags\t\t: amx_bf16\n")
+    assert bench.cpu_info(text) == {"cpu": "AMD EPYC", "cpu_family_model": "25/17",
+                                    "cpu_flags": ["avx2", "avx512f", "avx512_bf16"]}
+    assert bench.cpu_info("\nmodel name : X\nflags : sse2\n")["cpu_flags"] == []
