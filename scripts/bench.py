@@ -201,8 +201,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 
-# the CPU features that decide the fast path's speed (fp32 matmuls: AVX-512 about 2x AVX2 here;
-# bf16 autocast pays only with AVX512_BF16 or AMX)
+# CPU features that tell machines apart for the fast path (a Zen 4 with AVX-512 ran 1.7x the env
+# steps of a Zen 3 with AVX2 in 15 minutes; bf16 autocast pays only with AVX512_BF16 or AMX)
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
@@ -222,7 +222,7 @@ def cpu_info(cpuinfo: str) -> dict:
     """The first processor of a ``/proc/cpuinfo`` text: model name (``cpu``), family/model
     numbers and the vector features of :data:`CPU_FLAGS` it has (``cpu_flags``). A cloud VM's model
     name ("AMD EPYC") alone does not tell a Zen 3 from a Zen 4, whose learning runs differ by about
-    2x in env steps per minute (docs/benchmarks.md, "Stop 42")."""
+    1.7x in env steps per minute (docs/benchmarks.md, "Stop 42")."""
     fields = {}
     for line in cpuinfo.splitlines():
         if not line.strip():

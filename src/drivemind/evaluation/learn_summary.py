@@ -23,8 +23,8 @@ pair (the same runs in both variants) also gets a paired difference, per run, ov
 with replacement (``paired`` in ``vs_ref``), which the independent draws overstate the spread of.
 
 Each variant lists the CPUs its runs were made on (``cpus``: model name, family/model and vector
-features, as ``bench.py`` records them): a 15-minute run on a Zen 3 without AVX-512 gets about half
-the env steps of one on a Zen 4, so variants made on different CPUs are not compared by their
+features, as ``bench.py`` records them): a 15-minute run on a Zen 3 without AVX-512 gets about 60 %
+of the env steps of one on a Zen 4, so variants made on different CPUs are not compared by their
 minutes (``vs_ref`` says ``same_cpus: false``).
 """
 
