@@ -117,16 +117,6 @@ class DriveSACPolicy(MultiInputPolicy):
             return self.actor_ema(observation, deterministic)
         return self.actor(observation, deterministic)
 
-    def update_actor_ema(self) -> None:
-        """Move the average toward the online actor by ``actor_ema`` (a no-op without one)."""
-        if self.actor_ema_tau is None:
-            return
-        if not hasattr(self, "_ema_pairs"):
-            online, ema = dict(self.actor.named_parameters()), dict(self.actor_ema.named_parameters())
-            self._ema_pairs = ([ema[k] for k in online], list(online.values()))
-        with th.no_grad():
-            th._foreach_lerp_(self._ema_pairs[0], self._ema_pairs[1], self.actor_ema_tau)
-
     def encode(self, obs, scaled: bool = False) -> th.Tensor:
         """Features of a batch; ``scaled``: images already float in [0, 1] (the replay buffer
         decodes them so), which skips SB3's uint8 -> float -> /255 preprocessing passes."""
@@ -361,6 +351,9 @@ class DriveSAC(SAC):
         # online encoder)
         self._q_params = [p for q in self.critic.q_networks for p in q.parameters()]
         self._q_target_params = [p for q in self.critic_target.q_networks for p in q.parameters()]
+        # the actor's moving average (policy_kwargs.actor_ema), stepped as the target critic is
+        ema = getattr(self.policy, "actor_ema", None)
+        self._actor_ema_params = None if ema is None else (list(self.actor.parameters()), list(ema.parameters()))
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
         self.label_pending()
@@ -464,7 +457,8 @@ class DriveSAC(SAC):
             actor_loss.backward()
             self.actor.optimizer.step()
 
-            policy.update_actor_ema()
+            if self._actor_ema_params is not None:
+                polyak_update(*self._actor_ema_params, policy.actor_ema_tau)
             if step % self.target_update_interval == 0:
                 polyak_update(self._q_params, self._q_target_params, self.tau)
                 polyak_update(self.batch_norm_stats, self.batch_norm_stats_target, 1.0)
