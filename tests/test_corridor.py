@@ -66,6 +66,27 @@ def test_the_path_follows_the_waypoints_round_a_bend():
     assert out[rd.names.index("vehicle_present")] == 0
 
 
+def test_the_path_is_resampled_every_step_along_the_polyline_and_extended_to_the_view_edge():
+    rd = CorridorReadout(CPU)
+    # an L: 6 m ahead, then 4 m to the right; repeated points are dropped
+    wp = np.array([[3.0, 0.0], [6.0, 0.0], [6.0, 0.0], [6.0, 2.0], [6.0, 4.0]])
+    p, n = rd.path(wp)
+    assert p.shape == n.shape == (len(rd.s), 2)
+    on_leg1 = rd.s <= 6.0
+    assert np.allclose(p[on_leg1], np.stack([rd.s[on_leg1], np.zeros(on_leg1.sum())], 1))
+    on_leg2 = (rd.s > 6.0) & (rd.s <= 10.0)
+    assert np.allclose(p[on_leg2], np.stack([np.full(on_leg2.sum(), 6.0), rd.s[on_leg2] - 6.0], 1))
+    beyond = rd.s > 10.0  # past the last waypoint: on along the last leg, to the view's edge
+    assert beyond.any() and np.allclose(p[beyond, 0], 6.0) and np.allclose(p[beyond, 1], rd.s[beyond] - 6.0)
+    assert np.allclose(np.hypot(n[:, 0], n[:, 1]), 1.0)
+    assert np.allclose(n[on_leg1 & (rd.s < 5.0)], [0.0, 1.0])  # right of "ahead" is +right
+    assert np.allclose(n[beyond], [-1.0, 0.0])  # right of "to the right" is backwards
+    # no route ahead (no waypoints, or all at the ego): straight on
+    for wp in (np.zeros((0, 2)), np.zeros((10, 2))):
+        p, n = rd.path(wp)
+        assert np.allclose(p[:, 1], 0.0) and np.allclose(p[:, 0], rd.s) and np.allclose(n, [0.0, 1.0])
+
+
 @pytest.mark.parametrize("value,which", [(255, "light_red"), (170, "light_yellow"), (80, "light_green")])
 def test_the_stop_line_on_the_path_gives_the_light_state(value, which):
     rd = CorridorReadout(CPU)

@@ -26,7 +26,8 @@ Features (``CorridorReadout.names``), each scaled to about [0, 1] or [-1, 1]:
 - ``vehicle_lane_<i>`` / ``vehicle_wide_<i>``: the share of the band occupied by vehicles in
   ``bins`` equal bins along the path (queues, cross traffic at junctions).
 
-Cost: a few hundred array lookups per frame (numpy), computed once per frame in the env
+Cost: a few hundred pixel lookups per frame (one compiled kernel, ``bev.kernels.corridor_read``,
+about 20 us), computed once per frame in the env
 (``obs.corridor=true`` adds ``bev_corridor`` to the observation).
 """
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import HISTORY_CHANNELS, BevConfig
+from .kernels import corridor_path, corridor_read
 
 LIGHT_GREEN, LIGHT_YELLOW, LIGHT_RED = 80, 170, 255  # bev.renderer.LIGHT_VALUES
 
@@ -78,7 +80,11 @@ class CorridorReadout:
         edges = np.linspace(self.ego_half_length, self.range, int(bins) + 1)
         idx = np.clip(np.searchsorted(edges, self.s, side="right") - 1, 0, int(bins) - 1)
         ahead = self.s > self.ego_half_length
-        self._bin_rows = [np.flatnonzero(ahead & (idx == b)) for b in range(int(bins))]
+        rows = [np.flatnonzero(ahead & (idx == b)) for b in range(int(bins))]  # consecutive (s sorted)
+        self._bin_lo = np.array([r[0] if len(r) else 0 for r in rows], np.int64)
+        self._bin_hi = np.array([r[-1] + 1 if len(r) else 0 for r in rows], np.int64)
+        self._planes = np.array([self.vehicle_now, -1 if self.vehicle_prev is None else self.vehicle_prev,
+                                 self.walker_now, self.light_now], np.int64)
         self.names = (("vehicle_gap", "vehicle_present", "vehicle_speed", "walker_gap",
                        "walker_present", "light_gap", "light_red", "light_yellow", "light_green")
                       + tuple(f"vehicle_lane_{i}" for i in range(self.bins))
@@ -87,78 +93,18 @@ class CorridorReadout:
 
     # -- geometry ---------------------------------------------------------------------------
     def path(self, waypoints_m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Points every ``step`` m along the polyline ego -> waypoints (forward, right in metres)
-        and the unit normal (pointing right) at each."""
-        pts = np.vstack([[0.0, 0.0], np.asarray(waypoints_m, float).reshape(-1, 2)])
-        seg = np.diff(pts, axis=0)
-        keep = np.hypot(seg[:, 0], seg[:, 1]) > 1e-6
-        pts = np.vstack([pts[:1], pts[1:][keep]])
-        if len(pts) < 2:  # no route ahead: straight on
-            pts = np.array([[0.0, 0.0], [self.range, 0.0]])
-        seg = np.diff(pts, axis=0)
-        cum = np.concatenate([[0.0], np.cumsum(np.hypot(seg[:, 0], seg[:, 1]))])
-        if cum[-1] < self.range:  # extend the last segment to the edge of the view
-            d = seg[-1] / np.hypot(*seg[-1])
-            pts = np.vstack([pts, pts[-1] + d * (self.range - cum[-1] + self.step)])
-            cum = np.append(cum, self.range + self.step)
-        f = np.interp(self.s, cum, pts[:, 0])
-        r = np.interp(self.s, cum, pts[:, 1])
-        tf, tr = np.gradient(f), np.gradient(r)
-        n = np.maximum(np.hypot(tf, tr), 1e-9)
-        return np.stack([f, r], 1), np.stack([-tr / n, tf / n], 1)  # normal: (fwd, right) of the tangent rotated right
-
-    def _pixels(self, p: np.ndarray, normal: np.ndarray, offsets: np.ndarray):
-        """Row / column indices (n_s x n_off) of the band samples, and a mask of those in view."""
-        fwd = p[:, None, 0] + normal[:, None, 0] * offsets[None, :]
-        right = p[:, None, 1] + normal[:, None, 1] * offsets[None, :]
-        rows = np.floor(self.row0 - fwd * self.ppm).astype(np.int64)
-        cols = np.floor(self.size / 2.0 + right * self.ppm).astype(np.int64)
-        ok = (rows >= 0) & (rows < self.size) & (cols >= 0) & (cols < self.size)
-        return np.clip(rows, 0, self.size - 1), np.clip(cols, 0, self.size - 1), ok
-
-    def _first(self, band: np.ndarray, start: float | None = None) -> float | None:
-        """Distance along the path of the first sample row with a set pixel beyond ``start`` (the
-        ego's front by default)."""
-        hit = band.any(axis=1) & (self.s > (self.ego_half_length if start is None else start))
-        k = np.flatnonzero(hit)
-        return float(self.s[k[0]]) if len(k) else None
+        """Points every ``step`` m along the polyline ego -> waypoints (forward, right in metres),
+        extended along its last segment to the top edge of the view, and the unit normal
+        (pointing right) at each."""
+        return corridor_path(np.asarray(waypoints_m, np.float64).reshape(-1, 2), self.s, self.range,
+                             self.step)
 
     # -- the readout ------------------------------------------------------------------------
     def read(self, bev: np.ndarray, waypoints_m: np.ndarray) -> np.ndarray:
-        p, nrm = self.path(waypoints_m)
-        lr, lc, lok = self._pixels(p, nrm, self.lane_off)
-        wr, wc, wok = self._pixels(p, nrm, self.wide_off)
-        rng = self.range - self.ego_half_length
-
-        def band(plane, rows, cols, ok):
-            return (bev[plane][rows, cols] > 0) & ok
-
-        veh_lane = band(self.vehicle_now, lr, lc, lok)
-        veh_wide = band(self.vehicle_now, wr, wc, wok)
-        out = np.zeros(self.dim, np.float32)
-        s_v = self._first(veh_lane)
-        if s_v is not None:
-            out[0], out[1] = (s_v - self.ego_half_length) / rng, 1.0
-            if self.vehicle_prev is not None:
-                s_p = self._first(band(self.vehicle_prev, lr, lc, lok))
-                if s_p is not None:
-                    out[2] = np.clip((s_v - s_p) / self.prev_dt / 10.0, -1.0, 1.0)
-        else:
-            out[0] = 1.0
-        s_w = self._first(band(self.walker_now, wr, wc, wok))
-        out[3], out[4] = ((s_w - self.ego_half_length) / rng, 1.0) if s_w is not None else (1.0, 0.0)
-        light = np.where(lok, bev[self.light_now][lr, lc], 0)
-        s_l = self._first(light > 0, start=-1.0)  # from the reference point: a stop line under the
-        if s_l is not None:                        # ego's bonnet still holds it (the env's light fact does)
-            k = int(np.searchsorted(self.s, s_l))
-            v = int(light[min(k, len(light) - 1)].max())
-            out[5] = (s_l - self.ego_half_length) / rng  # >= -ego_half_length: s_l >= 0
-            out[6], out[7], out[8] = float(v >= LIGHT_RED), float(LIGHT_YELLOW <= v < LIGHT_RED), \
-                float(0 < v < LIGHT_YELLOW)
-        else:
-            out[5] = 1.0
-        for b, rows in enumerate(self._bin_rows):
-            if len(rows):
-                out[9 + b] = veh_lane[rows].mean()
-                out[9 + self.bins + b] = veh_wide[rows].mean()
+        """The features (``names``) of one frame (C x H x W uint8) along ``waypoints_m``."""
+        out = np.empty(self.dim, np.float32)
+        corridor_read(bev, np.asarray(waypoints_m, np.float64).reshape(-1, 2), self.s, self.lane_off,
+                      self.wide_off, self._planes, self.row0, self.size, self.ppm, self.range, self.step,
+                      self.ego_half_length, self.prev_dt or 1.0, self._bin_lo, self._bin_hi,
+                      LIGHT_GREEN, LIGHT_YELLOW, LIGHT_RED, out)
         return out

@@ -180,3 +180,173 @@ def colorize(masks, order, lut, paint, out):
                     out[r, c, 0] = lut[p, m, 0]
                     out[r, c, 1] = lut[p, m, 1]
                     out[r, c, 2] = lut[p, m, 2]
+
+
+@nb.njit(cache=True)
+def _interp(x, xp, fp):
+    """np.interp for one point (the same arithmetic: slope * (x - xp[j]) + fp[j])."""
+    n = len(xp)
+    if x <= xp[0]:
+        return fp[0]
+    if x >= xp[n - 1]:
+        return fp[n - 1]
+    lo, hi = 0, n - 1  # xp[lo] <= x < xp[hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if xp[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    if xp[lo] == x:
+        return fp[lo]
+    slope = (fp[lo + 1] - fp[lo]) / (xp[lo + 1] - xp[lo])
+    return slope * (x - xp[lo]) + fp[lo]
+
+
+@nb.njit(cache=True)
+def corridor_path(waypoints, s, rng, step):
+    """The readout's path (``bev.corridor.CorridorReadout.path``): points every ``step`` m along
+    ego -> ``waypoints`` (n x 2, forward / right in metres), extended to the edge of the view
+    (``rng`` m), and the unit normal pointing right at each. Returns (points, normals), len(s) x 2."""
+    n = waypoints.shape[0]
+    pts = np.empty((n + 2, 2))
+    pts[0, 0] = 0.0
+    pts[0, 1] = 0.0
+    m = 1
+    px, py = 0.0, 0.0  # the previous waypoint (not the previous kept one), as np.diff before the filter
+    for i in range(n):
+        x, y = waypoints[i, 0], waypoints[i, 1]
+        if math.hypot(x - px, y - py) > 1e-6:
+            pts[m, 0] = x
+            pts[m, 1] = y
+            m += 1
+        px, py = x, y
+    if m < 2:  # no route ahead: straight on
+        pts[1, 0] = rng
+        pts[1, 1] = 0.0
+        m = 2
+    cum = np.empty(n + 2)
+    cum[0] = 0.0
+    for i in range(1, m):
+        cum[i] = cum[i - 1] + math.hypot(pts[i, 0] - pts[i - 1, 0], pts[i, 1] - pts[i - 1, 1])
+    if cum[m - 1] < rng:  # extend the last segment to the edge of the view
+        dx, dy = pts[m - 1, 0] - pts[m - 2, 0], pts[m - 1, 1] - pts[m - 2, 1]
+        h = math.hypot(dx, dy)
+        ext = rng - cum[m - 1] + step
+        pts[m, 0] = pts[m - 1, 0] + dx / h * ext
+        pts[m, 1] = pts[m - 1, 1] + dy / h * ext
+        cum[m] = rng + step
+        m += 1
+    k = len(s)
+    f = np.empty(k)
+    r = np.empty(k)
+    for i in range(k):
+        f[i] = _interp(s[i], cum[:m], pts[:m, 0])
+        r[i] = _interp(s[i], cum[:m], pts[:m, 1])
+    p = np.empty((k, 2))
+    nrm = np.empty((k, 2))
+    for i in range(k):  # np.gradient: central differences inside, one-sided at the ends
+        if k < 2:
+            tf, tr = 0.0, 0.0
+        elif i == 0:
+            tf, tr = f[1] - f[0], r[1] - r[0]
+        elif i == k - 1:
+            tf, tr = f[k - 1] - f[k - 2], r[k - 1] - r[k - 2]
+        else:
+            tf, tr = (f[i + 1] - f[i - 1]) / 2.0, (r[i + 1] - r[i - 1]) / 2.0
+        h = max(math.hypot(tf, tr), 1e-9)
+        p[i, 0] = f[i]
+        p[i, 1] = r[i]
+        nrm[i, 0] = -tr / h
+        nrm[i, 1] = tf / h
+    return p, nrm
+
+
+@nb.njit(cache=True, inline="always")
+def _band_pixel(p, nrm, i, off, row0, size, ppm):
+    """Row, column of the band sample at path point ``i`` and offset ``off``, or (-1, -1) out of view."""
+    fwd = p[i, 0] + nrm[i, 0] * off
+    right = p[i, 1] + nrm[i, 1] * off
+    row = int(math.floor(row0 - fwd * ppm))
+    col = int(math.floor(size / 2.0 + right * ppm))
+    if row < 0 or row >= size or col < 0 or col >= size:
+        return -1, -1
+    return row, col
+
+
+@nb.njit(cache=True)
+def _first_set(bev, plane, p, nrm, s, offs, start, row0, size, ppm):
+    """Index of the first path point beyond ``start`` m whose band samples show a set pixel of
+    ``plane`` (-1: none) and the largest pixel value on that row."""
+    for i in range(len(s)):
+        if s[i] <= start:
+            continue
+        best = 0
+        for off in offs:
+            row, col = _band_pixel(p, nrm, i, off, row0, size, ppm)
+            if row >= 0 and bev[plane, row, col] > best:
+                best = bev[plane, row, col]
+        if best > 0:
+            return i, best
+    return -1, 0
+
+
+@nb.njit(cache=True)
+def _band_share(bev, plane, p, nrm, lo, hi, offs, row0, size, ppm):
+    """Share of the band samples of path points lo..hi-1 where ``plane`` is set."""
+    hits = 0
+    for i in range(lo, hi):
+        for off in offs:
+            row, col = _band_pixel(p, nrm, i, off, row0, size, ppm)
+            if row >= 0 and bev[plane, row, col] > 0:
+                hits += 1
+    return hits / ((hi - lo) * len(offs))
+
+
+@nb.njit(cache=True)
+def corridor_read(bev, waypoints, s, lane_off, wide_off, planes, row0, size, ppm, rng, step,
+                  ego_half_length, prev_dt, bin_lo, bin_hi, green, yellow, red, out):
+    """``bev.corridor.CorridorReadout.read`` into ``out`` (float32, its ``names``): ``planes``
+    = (vehicle now, vehicle before or -1, walker now, light now)."""
+    p, nrm = corridor_path(waypoints, s, rng, step)
+    span = rng - ego_half_length
+    veh, prev, walker, light = planes[0], planes[1], planes[2], planes[3]
+    i, _ = _first_set(bev, veh, p, nrm, s, lane_off, ego_half_length, row0, size, ppm)
+    out[1] = 0.0
+    out[2] = 0.0
+    if i >= 0:
+        out[0] = (s[i] - ego_half_length) / span
+        out[1] = 1.0
+        if prev >= 0:
+            j, _ = _first_set(bev, prev, p, nrm, s, lane_off, ego_half_length, row0, size, ppm)
+            if j >= 0:
+                out[2] = min(max((s[i] - s[j]) / prev_dt / 10.0, -1.0), 1.0)
+    else:
+        out[0] = 1.0
+    i, _ = _first_set(bev, walker, p, nrm, s, wide_off, ego_half_length, row0, size, ppm)
+    if i >= 0:
+        out[3] = (s[i] - ego_half_length) / span
+        out[4] = 1.0
+    else:
+        out[3] = 1.0
+        out[4] = 0.0
+    # the first stop line from the reference point on (one under the bonnet still holds it)
+    i, v = _first_set(bev, light, p, nrm, s, lane_off, -1.0, row0, size, ppm)
+    out[6] = 0.0
+    out[7] = 0.0
+    out[8] = 0.0
+    if i >= 0:
+        out[5] = (s[i] - ego_half_length) / span
+        out[6] = 1.0 if v >= red else 0.0
+        out[7] = 1.0 if yellow <= v < red else 0.0
+        out[8] = 1.0 if 0 < v < yellow else 0.0
+    else:
+        out[5] = 1.0
+    nb_ = len(bin_lo)
+    for b in range(nb_):
+        lane_share, wide_share = 0.0, 0.0
+        if bin_hi[b] > bin_lo[b]:
+            lane_share = _band_share(bev, veh, p, nrm, bin_lo[b], bin_hi[b], lane_off, row0, size, ppm)
+            wide_share = _band_share(bev, veh, p, nrm, bin_lo[b], bin_hi[b], wide_off, row0, size, ppm)
+        out[9 + b] = lane_share
+        out[9 + nb_ + b] = wide_share
