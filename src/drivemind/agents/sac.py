@@ -112,6 +112,20 @@ class DriveSACPolicy(MultiInputPolicy):
         self.critic_target.load_state_dict(self.critic.state_dict())
         self.critic_target.set_training_mode(False)
 
+    def set_training_mode(self, mode: bool) -> None:
+        # SB3 flips the mode around every collection and every gradient step; walking the modules
+        # costs ~0.1 ms a time, so only a real change walks them (nothing else sets them apart)
+        if mode != self.training:
+            super().set_training_mode(mode)
+
+    def obs_to_tensor(self, observation):
+        # an extractor that never reads the BEV (the fast path's) gets its keys only: SB3 would
+        # deep-copy and convert the masks (15 x 96 x 96) of every observation it acts on
+        ex = self.actor.features_extractor
+        if isinstance(observation, dict) and not getattr(ex, "reads_bev", True):
+            observation = {k: observation[k] for k in ex.keys}
+        return super().obs_to_tensor(observation)
+
     def _predict(self, observation, deterministic: bool = False) -> th.Tensor:
         if deterministic and self.use_actor_ema:
             return self.actor_ema(observation, deterministic)
