@@ -243,15 +243,16 @@ def test_fast_path_checkpoint_resumes_with_its_buffer(tmp_path):
     run = tmp_path / "run"
     s1 = train(config(*over), run)
     assert s1["steps"] == 150
-    s2 = train(config(*over[:4], "total_timesteps=250", *over[5:]), run, resume=True)
-    assert s2["steps"] == 250 and s2["resumed_from"] == 150
+    # 240: SB3 collects algo.train_freq (3) env steps at a time, so a total off that grid overshoots
+    s2 = train(config(*over[:4], "total_timesteps=240", *over[5:]), run, resume=True)
+    assert s2["steps"] == 240 and s2["resumed_from"] == 150
     from drivemind.training.callbacks import latest_checkpoint
 
     ck = latest_checkpoint(run)
     m = DriveSAC.load(ck["model"], reward_fn=make_reward("drivemind_kinematic"))
     m.load_replay_buffer(ck["buffer"])
     buf = m.replay_buffer
-    assert not buf.store_images and buf.n_steps == 3 and buf.counts()["labelled"] >= 200
+    assert not buf.store_images and buf.n_steps == 3 and buf.counts()["labelled"] >= 190
 
 
 def test_critic_layer_norm_builds_normalised_q_heads_that_train_and_survive_a_reload(tmp_path):
@@ -276,7 +277,7 @@ def test_critic_layer_norm_builds_normalised_q_heads_that_train_and_survive_a_re
     for critic in (pol.critic, pol.critic_target):
         assert len(critic.q_networks) == 2
         for q in critic.q_networks:
-            assert [x.normalized_shape for x in norms(q)] == [(256,), (256,)]
+            assert [x.normalized_shape for x in norms(q)] == [(128,), (128,)]  # experiment=fast's heads
     assert not norms(pol.actor.latent_pi)
     for q, qt in zip(pol.critic.q_networks, pol.critic_target.q_networks):  # trained, target lags
         w, wt = q[0].weight, qt[0].weight
@@ -310,7 +311,7 @@ def test_bench_update_times_the_fast_path_gradient_step_per_batch_size(capsys):
     assert [p["self_cpu_ms_per_update"] for p in res["profile"]] == sorted(
         (p["self_cpu_ms_per_update"] for p in res["profile"]), reverse=True)
     assert any(p["op"] in ("aten::addmm", "aten::mm") for p in res["profile"])
-    assert res["net_arch"] == [256, 256] and res["torch_threads"] == 1
+    assert res["net_arch"] == [128, 128] and res["torch_threads"] == 1  # experiment=fast's heads
     with pytest.raises(SystemExit, match="must be one of none, bf16"):
         bench.main(["update", "--autocast", "fp8"])
     with pytest.raises(SystemExit, match="integers >= 2"):
