@@ -243,16 +243,16 @@ def test_fast_path_checkpoint_resumes_with_its_buffer(tmp_path):
     run = tmp_path / "run"
     s1 = train(config(*over), run)
     assert s1["steps"] == 150
-    # 240: SB3 collects algo.train_freq (3) env steps at a time, so a total off that grid overshoots
-    s2 = train(config(*over[:4], "total_timesteps=240", *over[5:]), run, resume=True)
-    assert s2["steps"] == 240 and s2["resumed_from"] == 150
+    # 250: off algo.train_freq's grid (3): the last rollout is cut, the run ends on its budget
+    s2 = train(config(*over[:4], "total_timesteps=250", *over[5:]), run, resume=True)
+    assert s2["steps"] == 250 and s2["resumed_from"] == 150
     from drivemind.training.callbacks import latest_checkpoint
 
     ck = latest_checkpoint(run)
     m = DriveSAC.load(ck["model"], reward_fn=make_reward("drivemind_kinematic"))
     m.load_replay_buffer(ck["buffer"])
     buf = m.replay_buffer
-    assert not buf.store_images and buf.n_steps == 3 and buf.counts()["labelled"] >= 190
+    assert not buf.store_images and buf.n_steps == 3 and buf.counts()["labelled"] >= 200
 
 
 def test_critic_layer_norm_builds_normalised_q_heads_that_train_and_survive_a_reload(tmp_path):

@@ -35,6 +35,7 @@ import numpy as np
 import torch as th
 from stable_baselines3 import SAC
 from stable_baselines3.common.torch_layers import create_mlp
+from stable_baselines3.common.type_aliases import TrainFreq, TrainFrequencyUnit
 from stable_baselines3.common.utils import polyak_update
 from stable_baselines3.sac.policies import LOG_STD_MAX, LOG_STD_MIN, MultiInputPolicy
 from torch import nn
@@ -294,6 +295,17 @@ class DriveSAC(SAC):
     def _setup_learn(self, *args, **kwargs):
         use_default_logger(self)  # no SB3-<date> folder in the system temp dir
         return super()._setup_learn(*args, **kwargs)
+
+    def collect_rollouts(self, env, callback, train_freq, replay_buffer, action_noise=None,
+                         learning_starts: int = 0, log_interval=None):
+        # SB3 collects train_freq env steps at a time, so a budget off that grid would overshoot
+        # (total_timesteps=250 with train_freq=3 ending at 252): the last rollout is cut to what
+        # is left, and the run ends on its budget exactly, as with train_freq=1
+        left = -(-(self._total_timesteps - self.num_timesteps) // env.num_envs)  # ceil, per env
+        if train_freq.unit == TrainFrequencyUnit.STEP and 0 < left < train_freq.frequency:
+            train_freq = TrainFreq(left, train_freq.unit)
+        return super().collect_rollouts(env, callback, train_freq, replay_buffer, action_noise,
+                                        learning_starts, log_interval)
 
     # ------------------------------------------------------------------ labelling (the labeller's)
     def label_pending(self) -> int:
