@@ -27,7 +27,7 @@ Features (``CorridorReadout.names``), each scaled to about [0, 1] or [-1, 1]:
   ``bins`` equal bins along the path (queues, cross traffic at junctions).
 
 Cost: a few hundred pixel lookups per frame (one compiled kernel, ``bev.kernels.corridor_read``,
-about 20 us), computed once per frame in the env
+about 10 us), computed once per frame in the env
 (``obs.corridor=true`` adds ``bev_corridor`` to the observation).
 """
 
