@@ -106,5 +106,5 @@ class CorridorReadout:
         corridor_read(bev, np.asarray(waypoints_m, np.float64).reshape(-1, 2), self.s, self.lane_off,
                       self.wide_off, self._planes, self.row0, self.size, self.ppm, self.range, self.step,
                       self.ego_half_length, self.prev_dt or 1.0, self._bin_lo, self._bin_hi,
-                      LIGHT_GREEN, LIGHT_YELLOW, LIGHT_RED, out)
+                      LIGHT_YELLOW, LIGHT_RED, out)
         return out

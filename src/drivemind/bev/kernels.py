@@ -305,9 +305,10 @@ def _band_share(bev, plane, p, nrm, lo, hi, offs, row0, size, ppm):
 
 @nb.njit(cache=True)
 def corridor_read(bev, waypoints, s, lane_off, wide_off, planes, row0, size, ppm, rng, step,
-                  ego_half_length, prev_dt, bin_lo, bin_hi, green, yellow, red, out):
+                  ego_half_length, prev_dt, bin_lo, bin_hi, yellow, red, out):
     """``bev.corridor.CorridorReadout.read`` into ``out`` (float32, its ``names``): ``planes``
-    = (vehicle now, vehicle before or -1, walker now, light now)."""
+    = (vehicle now, vehicle before or -1, walker now, light now); a light value below ``yellow``
+    reads as green."""
     p, nrm = corridor_path(waypoints, s, rng, step)
     span = rng - ego_half_length
     veh, prev, walker, light = planes[0], planes[1], planes[2], planes[3]
