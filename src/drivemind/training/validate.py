@@ -219,6 +219,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
         c.bad("algo.target_entropy", te, "must be auto (minus the number of action dimensions) or a number")
     c.int("algo.palette_size", 2, 256, why=" (the replay buffer's codes are one byte)")
     c.int("algo.embedding_dim", 1, none_ok=True)
+    c.int("algo.reward_learn_every", 1, why=" (SAC gradient steps per update of the reward's own model)")
     c.flag("algo.policy_kwargs.critic_layer_norm")
     c.num("algo.policy_kwargs.actor_ema", 0, 1, lo_open=True, none_ok=True)
     from ..agents import AUTOCAST
@@ -287,6 +288,10 @@ def _check_ppo(c: _Checker, n_envs: int):
     if ema is not _MISSING and ema is not None:
         c.bad("algo.policy_kwargs.actor_ema", ema, "is a SAC setting (a moving average of the actor's "
               "weights for evaluation); DrivePPO has none: remove it")
+    rle = _get(c.cfg, "algo.reward_learn_every")
+    if rle is not _MISSING and rle is not None:
+        c.bad("algo.reward_learn_every", rle, "is a SAC setting (gradient steps per update of the "
+              "reward's own model); PPO's is algo.reward_learn_calls (per update): remove it")
     amp = _get(c.cfg, "algo.autocast")
     if amp is not _MISSING and amp not in (None, "none"):
         c.bad("algo.autocast", amp, "is a SAC setting (its gradient step in bfloat16); PPO's update "
