@@ -333,6 +333,25 @@ def _sac(venv, reward, **kw):
                     device="cpu", policy_kwargs=pk, **kw)
 
 
+def test_sac_labels_once_label_every_transitions_wait():
+    """algo.label_every=k: the stored transitions are labelled once k of them wait (the newest stay
+    pending and are never sampled meanwhile); the labels are the reward's, as with k=1."""
+    venv = DummyVecEnv([partial(make_env)])
+    reward = make_reward("chen")
+    m = _sac(venv, reward, learning_starts=20, label_every=5)
+    rounds = []
+    label = m.label_pending
+    m.label_pending = lambda: rounds.append(m.num_timesteps) or label()
+    m.learn(47)
+    assert rounds == [21, 26, 31, 36, 41, 46]  # the first training round, then every 5 transitions
+    buf = m.replay_buffer
+    assert buf.counts() == {**buf.counts(), "labelled": 46, "pending": 1}
+    slots = buf.slots(LABELLED)
+    assert np.allclose(buf.rewards.reshape(-1)[slots], reward(buf.fact_batch(slots)), atol=1e-5)
+    with pytest.raises(ValueError, match="label_every"):
+        _sac(venv, reward, label_every=0)
+
+
 def test_sac_trains_on_relabelled_rewards_saves_and_resumes(tmp_path):
     venv = DummyVecEnv([partial(make_env)] * 2)
     reward = make_reward("chen")

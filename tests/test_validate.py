@@ -87,6 +87,7 @@ def with_values(cfg: dict, **values) -> dict:
     ("sac", {"algo__palette_size": 300}, "algo.palette_size=300 is invalid: must be an integer in [2, 256]"),
     ("sac", {"algo__embedding_dim": 0}, "algo.embedding_dim=0 is invalid: must be an integer >= 1 or null"),
     ("sac", {"algo__reward_learn_every": 0}, "algo.reward_learn_every=0 is invalid: must be an integer >= 1"),
+    ("sac", {"algo__label_every": 0}, "algo.label_every=0 is invalid: must be an integer >= 1"),
     ("sac", {"algo__reward_service__max_batch": 0}, "algo.reward_service.max_batch=0 is invalid"),
     ("sac", {"algo__reward_service__wait_s": 0}, "algo.reward_service.wait_s=0 is invalid: must be a number > 0"),
     ("sac", {"algo__policy_kwargs__critic_layer_norm": "yes"},
@@ -95,6 +96,7 @@ def with_values(cfg: dict, **values) -> dict:
     ("ppo", {"algo__policy_kwargs__critic_layer_norm": True},
      "algo.policy_kwargs.critic_layer_norm=True is invalid: is a SAC setting"),
     ("ppo", {"algo__reward_learn_every": 3}, "algo.reward_learn_every=3 is invalid: is a SAC setting"),
+    ("ppo", {"algo__label_every": 4}, "algo.label_every=4 is invalid: is a SAC setting"),
     ("ppo", {"algo__n_steps": 0}, "algo.n_steps=0 is invalid: must be an integer >= 1"),
     ("ppo", {"algo__batch_size": 1}, "algo.batch_size=1 is invalid: must be an integer >= 2"),
     ("ppo", {"algo__batch_size": 100}, "algo.batch_size=100 is invalid: must divide the rollout "

@@ -265,7 +265,7 @@ class DriveSAC(SAC):
     def __init__(self, policy="DrivePolicy", env=None, reward_fn=None, *, replay_buffer_class=None,
                  replay_buffer_kwargs: dict | None = None, reward_service: dict | bool | None = None,
                  encoder: dict | None = None, guidance: str = "none", guidance_kwargs: dict | None = None,
-                 autocast: str = "none", reward_learn_every: int = 1, **kwargs):
+                 autocast: str = "none", reward_learn_every: int = 1, label_every: int = 1, **kwargs):
         if autocast not in AUTOCAST:
             raise ValueError(f"algo.autocast={autocast!r}: valid: {', '.join(AUTOCAST)} (bf16: the gradient "
                              "step's hidden layers in bfloat16, docs/training.md)")
@@ -276,6 +276,11 @@ class DriveSAC(SAC):
                              "(SAC gradient steps per update of the reward's own model, e.g. "
                              "DriveMind's world model; 1 = one per SAC batch, as the paper)")
         self.reward_learn_every = int(reward_learn_every)
+        if isinstance(label_every, bool) or int(label_every) != label_every or int(label_every) < 1:
+            raise ValueError(f"algo.label_every={label_every!r}: must be an integer >= 1 (transitions "
+                             "stored between labelling rounds; 1 = before every training round)")
+        self.label_every = int(label_every)
+        self._labelled_at: int | None = None  # num_timesteps at the last labelling round
         self._reward_learn_debt = 0  # gradient steps since the reward's model last learned
         # Found-RL's action guidance (None: the plain SAC update)
         self.guidance_cfg = GuidanceConfig.from_config(guidance, guidance_kwargs)
@@ -389,7 +394,11 @@ class DriveSAC(SAC):
         self._actor_ema_params = None if ema is None else (list(self.actor.parameters()), list(ema.parameters()))
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
-        self.label_pending()
+        # label what was stored since the last round, once label_every transitions wait (the
+        # newest stay pending meanwhile: never sampled, as with the reward service)
+        if self._labelled_at is None or self.num_timesteps - self._labelled_at >= self.label_every:
+            self.label_pending()
+            self._labelled_at = self.num_timesteps
         if self.reward_service is not None and len(self.replay_buffer.slots(LABELLED)) < batch_size:
             self.wait_for_labels(batch_size)  # DriveVLM-RL: wait for enough ready transitions
         for k, v in self.labeller.logs(self.replay_buffer).items():

@@ -220,6 +220,7 @@ def _check_sac(c: _Checker, total: int | None, n_envs: int, resumed: bool):
     c.int("algo.palette_size", 2, 256, why=" (the replay buffer's codes are one byte)")
     c.int("algo.embedding_dim", 1, none_ok=True)
     c.int("algo.reward_learn_every", 1, why=" (SAC gradient steps per update of the reward's own model)")
+    c.int("algo.label_every", 1, why=" (transitions stored between labelling rounds)")
     c.flag("algo.policy_kwargs.critic_layer_norm")
     c.num("algo.policy_kwargs.actor_ema", 0, 1, lo_open=True, none_ok=True)
     from ..agents import AUTOCAST
@@ -292,6 +293,10 @@ def _check_ppo(c: _Checker, n_envs: int):
     if rle is not _MISSING and rle is not None:
         c.bad("algo.reward_learn_every", rle, "is a SAC setting (gradient steps per update of the "
               "reward's own model); PPO's is algo.reward_learn_calls (per update): remove it")
+    le = _get(c.cfg, "algo.label_every")
+    if le is not _MISSING and le is not None:
+        c.bad("algo.label_every", le, "is a SAC setting (transitions between labelling rounds); PPO "
+              "labels each rollout whole: remove it")
     amp = _get(c.cfg, "algo.autocast")
     if amp is not _MISSING and amp not in (None, "none"):
         c.bad("algo.autocast", amp, "is a SAC setting (its gradient step in bfloat16); PPO's update "
