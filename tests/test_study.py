@@ -441,7 +441,8 @@ def test_the_study_configs_pin_the_settings_added_after_the_study_began():
 ADDED_AS_BEFORE = {"validation.every": 0, "validation.routes": 10, "checkpoint_keep": 2,
                    "validation.max_steps_per_route": 6000, "eval.checkpoint": "latest",
                    "algo.autocast": "none", "algo.target_entropy": "auto",
-                   "algo.policy_kwargs.actor_ema": None, "algo.reward_learn_every": 1}
+                   "algo.policy_kwargs.actor_ema": None, "algo.reward_learn_every": 1,
+                   "algo.label_every": 1}
 
 
 # what a run shows on the console, not what it trains (a resumed run may change them too): a batch
