@@ -2,9 +2,11 @@
 
 Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
 
-- **Rewards from the reward package.** Before each round of gradient steps, the transitions stored
-  since the last round are scored in one batch by ``reward_fn`` (``label_pending``); the env's
-  reward is not used and only labelled transitions are sampled. ``set_reward(fn)`` re-scores the
+- **Rewards from the reward package.** Before a round of gradient steps, once ``label_every``
+  transitions (1: any) were stored since the last labelling, they are scored in one batch by
+  ``reward_fn`` (``label_pending``); the env's reward is not used and only labelled transitions
+  are sampled. A reward with a model of its own (DriveMind's world model) learns once per
+  ``reward_learn_every`` gradient steps (1: per SAC batch, the paper's). ``set_reward(fn)`` re-scores the
   whole buffer. The mean of each reward term is logged under ``reward/``. Everything between the
   stored transitions and their rewards (image embeddings, the reward service, the reward's
   ``prepare`` / ``learn`` / ``state_dict``, camera frames) is ``self.labeller``, a
