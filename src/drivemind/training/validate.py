@@ -258,6 +258,18 @@ def _check_guidance(c: _Checker) -> None:
         c.problems.append(str(e))
 
 
+# SAC settings PPO refuses: (key, the values that mean "not set", what it is and what PPO has instead)
+_SAC_ONLY = (
+    ("algo.policy_kwargs.critic_layer_norm", (None, False), "LayerNorm in the Q heads; PPO has no Q heads"),
+    ("algo.policy_kwargs.actor_ema", (None,), "a moving average of the actor's weights for evaluation; "
+     "DrivePPO has none"),
+    ("algo.reward_learn_every", (None,), "gradient steps per update of the reward's own model; PPO's is "
+     "algo.reward_learn_calls, per update"),
+    ("algo.label_every", (None,), "transitions between labelling rounds; PPO labels each rollout whole"),
+    ("algo.autocast", (None, "none"), "its gradient step in bfloat16; PPO's update runs in float32"),
+)
+
+
 def _check_ppo(c: _Checker, n_envs: int):
     c.num("algo.learning_rate", 0, lo_open=True)
     n_steps = c.int("algo.n_steps", 1)
@@ -281,26 +293,10 @@ def _check_ppo(c: _Checker, n_envs: int):
     c.num("algo.max_grad_norm", 0, lo_open=True)
     c.num("algo.target_kl", 0, lo_open=True, none_ok=True)
     c.int("algo.reward_learn_calls", 0, none_ok=True, why=" (null = one per PPO mini-batch)")
-    ln = _get(c.cfg, "algo.policy_kwargs.critic_layer_norm")
-    if ln is not _MISSING and ln:
-        c.bad("algo.policy_kwargs.critic_layer_norm", ln, "is a SAC setting (LayerNorm in the Q heads); "
-              "PPO has no Q heads: remove it")
-    ema = _get(c.cfg, "algo.policy_kwargs.actor_ema")
-    if ema is not _MISSING and ema is not None:
-        c.bad("algo.policy_kwargs.actor_ema", ema, "is a SAC setting (a moving average of the actor's "
-              "weights for evaluation); DrivePPO has none: remove it")
-    rle = _get(c.cfg, "algo.reward_learn_every")
-    if rle is not _MISSING and rle is not None:
-        c.bad("algo.reward_learn_every", rle, "is a SAC setting (gradient steps per update of the "
-              "reward's own model); PPO's is algo.reward_learn_calls (per update): remove it")
-    le = _get(c.cfg, "algo.label_every")
-    if le is not _MISSING and le is not None:
-        c.bad("algo.label_every", le, "is a SAC setting (transitions between labelling rounds); PPO "
-              "labels each rollout whole: remove it")
-    amp = _get(c.cfg, "algo.autocast")
-    if amp is not _MISSING and amp not in (None, "none"):
-        c.bad("algo.autocast", amp, "is a SAC setting (its gradient step in bfloat16); PPO's update "
-              "runs in float32: remove it")
+    for key, unset, why in _SAC_ONLY:
+        v = _get(c.cfg, key)
+        if v is not _MISSING and v not in unset:
+            c.bad(key, v, f"is a SAC setting ({why}): remove it")
 
 
 def _check_reward(c: _Checker):
