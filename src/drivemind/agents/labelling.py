@@ -22,7 +22,8 @@ and, for DriveSAC, the reward service's embedding worker. The learners keep only
   - **Rewards with online state** (``drivemind.rewards.base``): before scoring, the new transitions
     go to ``reward_fn.prepare`` in time order (DriveMind's novelty detector and prompt cache; the
     columns it returns, e.g. prompt ids, are stored per transition); after a training round
-    (DriveSAC: once per ``reward_learn_every`` gradient steps) ``reward_fn.learn`` gets a sampler of (v_t, a_t, v_t+1) embedding triples (the world model);
+    (DriveSAC: once per ``reward_learn_every`` gradient steps) ``reward_fn.learn`` gets a sampler
+    of (v_t, a_t, v_t+1) embedding triples (the world model);
     ``reward_fn.state_dict()`` is saved with the model (``reward_state``) and restored by ``load``.
   - **A tower that reads the ego's speed** (``vlm=bev_clip_speed``: ``bev_clip_cpu_speed.pt``,
     ``BevClip.reads_speed``) gets each frame's measured speed beside its BEV: the step's

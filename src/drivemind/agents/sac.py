@@ -6,8 +6,8 @@ Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
   transitions (1: any) were stored since the last labelling, they are scored in one batch by
   ``reward_fn`` (``label_pending``); the env's reward is not used and only labelled transitions
   are sampled. A reward with a model of its own (DriveMind's world model) learns once per
-  ``reward_learn_every`` gradient steps (1: per SAC batch, the paper's). ``set_reward(fn)`` re-scores the
-  whole buffer. The mean of each reward term is logged under ``reward/``. Everything between the
+  ``reward_learn_every`` gradient steps (1: per SAC batch, the paper's). ``set_reward(fn)``
+  re-scores the whole buffer. The mean of each reward term is logged under ``reward/``. Everything between the
   stored transitions and their rewards (image embeddings, the reward service, the reward's
   ``prepare`` / ``learn`` / ``state_dict``, camera frames) is ``self.labeller``, a
   :class:`drivemind.agents.labelling.Labeller` (its module docstring has the details).
@@ -30,6 +30,7 @@ Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load
 from __future__ import annotations
 
 import contextlib
+import numbers
 import copy
 from typing import Any
 
@@ -250,6 +251,13 @@ def replay_settings(reward_fn, labeller, replay_buffer_class, replay_buffer_kwar
     return replay_buffer_class, replay_buffer_kwargs
 
 
+def _count(key: str, value, what: str) -> int:
+    """``algo.<key>``, an integer >= 1, or one ValueError naming it and what it counts."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"algo.{key}={value!r}: must be an integer >= 1 ({what})")
+    return int(value)
+
+
 class DriveSAC(SAC):
     """See the module docstring. ``reward_fn`` is a :class:`drivemind.rewards.Reward`; labelling
     is ``self.labeller`` (:class:`drivemind.agents.labelling.Labeller`)."""
@@ -272,16 +280,11 @@ class DriveSAC(SAC):
             raise ValueError(f"algo.autocast={autocast!r}: valid: {', '.join(AUTOCAST)} (bf16: the gradient "
                              "step's hidden layers in bfloat16, docs/training.md)")
         self.autocast = autocast
-        if isinstance(reward_learn_every, bool) or int(reward_learn_every) != reward_learn_every \
-                or int(reward_learn_every) < 1:
-            raise ValueError(f"algo.reward_learn_every={reward_learn_every!r}: must be an integer >= 1 "
-                             "(SAC gradient steps per update of the reward's own model, e.g. "
-                             "DriveMind's world model; 1 = one per SAC batch, as the paper)")
-        self.reward_learn_every = int(reward_learn_every)
-        if isinstance(label_every, bool) or int(label_every) != label_every or int(label_every) < 1:
-            raise ValueError(f"algo.label_every={label_every!r}: must be an integer >= 1 (transitions "
-                             "stored between labelling rounds; 1 = before every training round)")
-        self.label_every = int(label_every)
+        self.reward_learn_every = _count("reward_learn_every", reward_learn_every,
+                                         "SAC gradient steps per update of the reward's own model, e.g. "
+                                         "DriveMind's world model; 1 = one per SAC batch, as the paper")
+        self.label_every = _count("label_every", label_every, "transitions stored between labelling "
+                                  "rounds; 1 = before every training round")
         self._labelled_at: int | None = None  # num_timesteps at the last labelling round
         self._reward_learn_debt = 0  # gradient steps since the reward's model last learned
         # Found-RL's action guidance (None: the plain SAC update)
