@@ -7,10 +7,11 @@ Differences from stock SB3 SAC (``SAC("MultiInputPolicy", env)``):
   ``reward_fn`` (``label_pending``); the env's reward is not used and only labelled transitions
   are sampled. A reward with a model of its own (DriveMind's world model) learns once per
   ``reward_learn_every`` gradient steps (1: per SAC batch, the paper's). ``set_reward(fn)``
-  re-scores the whole buffer. The mean of each reward term is logged under ``reward/``. Everything between the
-  stored transitions and their rewards (image embeddings, the reward service, the reward's
-  ``prepare`` / ``learn`` / ``state_dict``, camera frames) is ``self.labeller``, a
-  :class:`drivemind.agents.labelling.Labeller` (its module docstring has the details).
+  re-scores the whole buffer. The mean of each reward term is logged under ``reward/``.
+  Everything between the stored transitions and their rewards (image embeddings, the reward
+  service, the reward's ``prepare`` / ``learn`` / ``state_dict``, camera frames) is
+  ``self.labeller``, a :class:`drivemind.agents.labelling.Labeller` (its module docstring has the
+  details).
 - **One shared encoder** (``DriveExtractor``), trained by the critic loss; the actor reads detached
   features, and the next observations are encoded once without gradients for both the target
   critic and the next action (as DrQ-v2 does). Per gradient step that is two CNN forward passes and
@@ -30,8 +31,8 @@ Everything else (entropy tuning, target updates, ``learn``, callbacks, save/load
 from __future__ import annotations
 
 import contextlib
-import numbers
 import copy
+import numbers
 from typing import Any
 
 import numpy as np
