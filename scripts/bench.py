@@ -325,7 +325,7 @@ class TrafficBreakdown:
                     if bj == K.BLOCKED_LIGHT:
                         kind = "standing_light"
                         break
-                    if bj == K.BLOCKED_OTHER:
+                    if bj in (K.BLOCKED_OTHER, K.BLOCKED_EGO):
                         kind = "standing_ego_or_walker"
                         break
                     if bj < 0:

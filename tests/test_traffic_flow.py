@@ -71,6 +71,87 @@ def test_no_respawn_when_disabled():
     assert world.npc_respawns == 0 and world.npc_max_stuck_s > 5.0
 
 
+def _red_light_lane(world):
+    """The longest lane ending at a light that is red now (fixed signals with a long green keep it
+    red for the test)."""
+    ll = world.lights.lane_light
+    lanes = [int(lane) for lane in np.flatnonzero(ll >= 0) if world.light_state[ll[lane]] == 2]
+    return max(lanes, key=lambda lane: float(world.map.length[lane]))
+
+
+def _place(world, i, lane, s):
+    """Put vehicle i at rest at arc length s of lane, with a path on from there."""
+    world.v_lane[i], world.v_s[i], world.v_v[i] = lane, s, 0.0
+    world.v_grant[i], world.v_entered[i] = -1, False
+    world._fill_path(i)
+    x, y, h = world.map.pose_at(lane, s)
+    world.v_xy[i], world.v_yaw[i] = (x, y), h
+
+
+def _signals_red_for_long(**traffic):
+    # fixed cycle with a 1000 s green: the lights that are red now stay red for the whole test
+    return {"signal_control": "fixed", "green": 1000.0, "stuck_respawn": 10.0, **traffic}
+
+
+def test_a_queue_at_a_red_light_is_not_stuck_however_long():
+    """Six vehicles queued at a red light, most of them farther from the stop line than the
+    traffic looks ahead (20 m here): they wait for the light through their leaders, so their
+    standing clocks do not run and none is respawned (they were, after stuck_respawn)."""
+    cfg = SimConfig.from_dict({"vehicles": 6, "traffic": _signals_red_for_long(lookahead=20.0)})
+    world = LiteWorld(load_town("grid"), cfg)
+    world.reset(seed=0, ego_pose=(1e5, 1e5, 0.0))
+    lane = _red_light_lane(world)
+    length = float(world.map.length[lane])
+    for i in range(6):
+        _place(world, i, lane, length - 3.0 - 7.5 * i)
+    assert length - 3.0 - 7.5 * 5 < length - 20.0  # the last ones are beyond the look-ahead
+    for _ in range(200):  # 20 s
+        world.step((0.0, 0.0))
+        assert world.light_state[world.lights.lane_light[lane]] == 2
+    assert (world.v_lane == lane).all() and (world.v_v < 0.3).all()
+    assert world.npc_respawns == 0 and world.npc_max_stuck_s == 0.0
+
+
+@pytest.mark.parametrize("ego_before_stop_line", [3.5, 30.0])
+def test_a_vehicle_behind_the_ego_waiting_at_a_red_light_is_not_stuck(ego_before_stop_line):
+    """The ego standing at a red light's stop line holds the vehicle behind it (beyond the traffic's
+    look-ahead, 10 m here, so it does not see the light itself) for the light: its clock does not
+    run. The ego standing 30 m before the stop line (not queued there) holds it for nothing the
+    traffic will clear, and the last-resort respawn moves it after stuck_respawn."""
+    cfg = SimConfig.from_dict({"vehicles": 1, "traffic": _signals_red_for_long(lookahead=10.0)})
+    world = LiteWorld(load_town("grid"), cfg)
+    world.reset(seed=0, ego_pose=(1e5, 1e5, 0.0))
+    lane = _red_light_lane(world)
+    length = float(world.map.length[lane])
+    s_ego = length - ego_before_stop_line
+    x, y, h = world.map.pose_at(lane, s_ego)
+    world.ego.update(x=x, y=y, yaw=h, v=0.0)
+    _place(world, 0, lane, s_ego - 14.0)
+    for _ in range(200):  # 20 s
+        world.step((0.0, -1.0))
+    if ego_before_stop_line < 10.0:
+        assert world.npc_respawns == 0 and world.npc_max_stuck_s == 0.0
+        assert world.v_lane[0] == lane and world.v_v[0] < 0.3
+    else:
+        assert world.npc_respawns == 1
+
+
+def test_waits_for_light_follows_the_chain_of_standing_vehicles():
+    from drivemind.sim.kernels import BLOCKED_EGO, BLOCKED_LIGHT, BLOCKED_OTHER, NO_BLOCKER
+    from drivemind.sim.kernels import _waits_for_light
+
+    # 0 -> 1 -> 2 -> light; 3 -> 4 (moving) -> light; 5 -> ego; 6 -> walker; 7 <-> 8 (a cycle);
+    # 9: nothing ahead
+    blocker = np.array([1, 2, BLOCKED_LIGHT, 4, BLOCKED_LIGHT, BLOCKED_EGO, BLOCKED_OTHER, 8, 7,
+                        NO_BLOCKER])
+    v = np.zeros(len(blocker))
+    v[4] = 2.0
+    light_block = blocker == BLOCKED_LIGHT
+    for ego_at_light in (False, True):
+        got = [_waits_for_light(i, blocker, v, light_block, ego_at_light) for i in range(len(v))]
+        assert got == [True, True, True, False, True, ego_at_light, False, False, False, False]
+
+
 def _run(rm, cfg, seed, steps):
     world = LiteWorld(rm, cfg)
     world.reset(seed=seed, ego_pose=(1e5, 1e5, 0.0))  # the ego out of the way

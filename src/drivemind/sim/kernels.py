@@ -15,8 +15,9 @@ INF = 1e9
 EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
 WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
 NO_BLOCKER = -1  # codes of traffic_step's ``blocker`` other than a vehicle's index
-BLOCKED_OTHER = -2  # the ego or a walker
+BLOCKED_OTHER = -2  # a walker, or a lane's tapered end
 BLOCKED_LIGHT = -3  # a red or yellow light
+BLOCKED_EGO = -4  # the ego
 STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted
 # overtaking in the oncoming lane (traffic.overtake; :func:`overtakes`)
 OTK_OFF, OTK_OUT, OTK_BACK, OTK_FALL = 0, 1, 2, 3  # overtake states (world.v_otk)
@@ -313,6 +314,65 @@ def _corridor_gap(offset, ds, length, pts, yaw, path, s_i, hl, hw, obs, obs_r, l
     return best
 
 
+QUEUE_GAP = 10.0  # m: a standing ego this close behind a standing vehicle or a stop line queues there
+
+
+@nb.njit(cache=True)
+def _waits_for_light(i, blocker, v, light_block, ego_at_light):
+    """Whether standing vehicle ``i`` waits for a red or yellow light: its waits-for chain of
+    standing vehicles (``blocker``) ends at one, or at the ego when ``ego_at_light``."""
+    j = i
+    for _ in range(blocker.shape[0]):
+        if light_block[j]:
+            return True
+        b = blocker[j]
+        if b == BLOCKED_EGO:
+            return ego_at_light
+        if b < 0 or v[b] >= 0.3:
+            return False
+        j = b
+    return False  # a cycle of standing vehicles: a deadlock, not a light
+
+
+@nb.njit(cache=True)
+def _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length, lane_light,
+                  light_state, ego_lane, ego_s, ego_v, ego_r, lookahead):
+    """Whether the ego stands in a queue at a red or yellow light: within QUEUE_GAP m of a
+    standing vehicle ahead on its lane (or the lanes that lane leads on to, outside junctions)
+    that waits for one, or of the stop line of such a light with nobody between."""
+    if ego_lane < 0 or ego_v >= 0.3:
+        return False
+    n = lane.shape[0]
+    l = ego_lane
+    base = -ego_s  # the lane's start, from the ego
+    for _ in range(4):
+        lead = -1
+        best = INF
+        for j in range(n):
+            if lane[j] == l and (l != ego_lane or s[j] > ego_s) and base + s[j] < best:
+                best = base + s[j]
+                lead = j
+        if lead >= 0:
+            if best - hl[lead] - ego_r > QUEUE_GAP or v[lead] >= 0.3:
+                return False
+            return _waits_for_light(lead, blocker, v, light_block, False)
+        li = lane_light[l]
+        if li >= 0:
+            return (light_state[li] == 1 or light_state[li] == 2) and \
+                base + length[l] - ego_r <= QUEUE_GAP
+        nxt = -1
+        cnt = 0
+        for q in range(succ.shape[1]):
+            if succ[l, q] >= 0:
+                cnt += 1
+                nxt = succ[l, q]
+        base += length[l]
+        if cnt != 1 or junction[nxt] >= 0 or base - ego_r > QUEUE_GAP:
+            return False
+        l = nxt
+    return False
+
+
 @nb.njit(cache=True)
 def traffic_step(
     dt, t,
@@ -338,8 +398,13 @@ def traffic_step(
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
-    keeping its junction reservation from being granted), or NO_BLOCKER, BLOCKED_OTHER (the ego,
-    a walker), BLOCKED_LIGHT (a red or yellow light).
+    keeping its junction reservation from being granted), or NO_BLOCKER, BLOCKED_EGO (the ego),
+    BLOCKED_OTHER (a walker, a tapered lane end), BLOCKED_LIGHT (a red or yellow light).
+
+    ``stuck`` (per vehicle): seconds standing not explained by a red light. It runs while the
+    vehicle stands, pauses while its waits-for chain (its leader, that one's leader, ..., each
+    standing) ends at a red or yellow light, or at the ego standing before one on its lane (a
+    queue behind a light, however long), and restarts from 0 once it moves.
 
     ``release``: a vehicle in a junction stops keeping a crossing way through from being granted
     once its rear is ``release_margin`` m past the last point of its lane near that way
@@ -491,17 +556,17 @@ def traffic_step(
                 rej[i] = BLOCKED_OTHER
             if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
                 ok = False
-                rej[i] = BLOCKED_OTHER
+                rej[i] = BLOCKED_EGO
             for q in range(ego_nj):  # junction lanes the ego may be on
                 if ok and conflict[c, ego_jlanes[q]]:
                     ok = False
-                    rej[i] = BLOCKED_OTHER
+                    rej[i] = BLOCKED_EGO
             if ok and ego_coming:
                 for q in range(succ.shape[1]):
                     e = succ[ego_lane, q]
                     if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
                         ok = False
-                        rej[i] = BLOCKED_OTHER
+                        rej[i] = BLOCKED_EGO
                         break
             if ok:
                 # the connector must not pass through the ego (its body as circles along its length)
@@ -514,7 +579,7 @@ def traffic_step(
                         dy = pts[p, 1] - ego_circ[m, 1]
                         if dx * dx + dy * dy < lim * lim:
                             ok = False
-                            rej[i] = BLOCKED_OTHER
+                            rej[i] = BLOCKED_EGO
                             break
                     if not ok:
                         break
@@ -538,7 +603,7 @@ def traffic_step(
                                 room_by = j
                         if ego_lane == ln and free + ego_s - ego_r < blocked_at:
                             blocked_at = free + ego_s - ego_r
-                            room_by = BLOCKED_OTHER
+                            room_by = BLOCKED_EGO
                         if blocked_at < INF:
                             break
                         free += length[ln]
@@ -666,7 +731,7 @@ def traffic_step(
                     if g < gap:
                         gap = g
                         vl = 0.0
-                        src = BLOCKED_OTHER
+                        src = BLOCKED_EGO
                     break
                 cum += length[l]
         hw_c = hw[i] + abs(lat[i]) if otk[i] != OTK_OFF else hw[i]  # corridor half width
@@ -678,7 +743,7 @@ def traffic_step(
             if g < gap:
                 gap = g
                 vl = 0.0
-                src = BLOCKED_OTHER
+                src = BLOCKED_EGO
         # walkers on the road
         q = 0
         for w in range(walker_xy.shape[0]):
@@ -732,10 +797,15 @@ def traffic_step(
         blocker[i] = src
         if v[i] < 0.3 and nxt_c[i] >= 0 and grant[i] != nxt_c[i]:
             wait[i] += dt
-        # standing time not explained by a red light ahead (the last-resort respawn's clock)
-        if v[i] >= 0.3 or light_block[i]:
+    # standing time not explained by a red light (the last-resort respawn's clock): it pauses
+    # while the vehicle's waits-for chain of standing vehicles ends at a red or yellow light, or at
+    # the ego standing in such a queue or at such a light
+    ego_at_light = _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length,
+                                 lane_light, light_state, ego_lane, ego_s, ego_v, ego_r, lookahead)
+    for i in range(n):
+        if v[i] >= 0.3:
             stuck[i] = 0.0
-        else:
+        elif not _waits_for_light(i, blocker, v, light_block, ego_at_light):
             stuck[i] += dt
     # ---- pass 4: integrate, move along lanes, release grants
     for i in range(n):
