@@ -67,6 +67,36 @@ def test_corridor_measures():
         corridor_lead(route, tr.idx, tr.s, x0, y0, actors, 2.4, 1.05, measure="middle")
 
 
+def test_corridor_from_an_ego_behind_the_routes_start():
+    """A route that starts ahead of the ego (chained from a goal it stopped 3 m short of): an actor
+    standing just past the route's first point is ahead of the ego's front, and the gap is
+    measured from where the ego is (it was taken as beside the ego, and the autopilot crept into a
+    motorcycle standing there)."""
+    rm = load_town("avenue")
+    lane = int(np.argmax(rm.length * (rm.junction < 0)))
+    route = plan_route(rm, (lane, 20.0), (lane, float(rm.length[lane])))
+    x0, y0, yaw = rm.pose_at(lane, 17.0)  # 3 m behind the route's start
+    ax, ay, ayaw = rm.pose_at(lane, 21.7)  # a motorcycle (half length 1.1) just past it
+    act = Actors(np.arange(1), np.full(1, int(ActorClass.MOTORCYCLE), np.int8), np.array([[ax, ay]]),
+                 np.array([ayaw]), np.array([[1.1, 0.4]]), np.zeros((1, 2)))
+    tr = RouteTracker(route)
+    tr.update(x0, y0, yaw)
+    assert tr.idx == 0 and tr.s == 0.0  # the tracker clamps to the start
+    gaps = {}
+    for measure in ("centre", "entry"):
+        gaps[measure], who = corridor_lead(route, tr.idx, tr.s, x0, y0, act, 2.4, 1.05,
+                                           measure=measure)
+        assert who == 0, measure
+    assert gaps["centre"] == pytest.approx(4.7 - 2.4 - 1.1, abs=0.5)  # bumper to bumper
+    assert gaps["entry"] < gaps["centre"]
+    # from the route's start the same actor is 3 m nearer
+    xs, ys, _ = rm.pose_at(lane, 20.0)
+    tr2 = RouteTracker(route)
+    tr2.update(xs, ys, yaw)
+    assert corridor_lead(route, tr2.idx, tr2.s, xs, ys, act, 2.4, 1.05) == \
+        (pytest.approx(gaps["centre"] - 3.0, abs=0.1), 0)
+
+
 def test_parallel_reach_counts_a_car_in_the_next_3m_lane_by_its_half_width():
     """A car standing 3.0 m to the side (the next lane where lanes are 3 m wide), heading along the
     route or against it, is in the corridor with the 0.6 m cut-in allowance (1.05 + 0.5 + 1.0 +

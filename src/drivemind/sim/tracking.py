@@ -99,6 +99,9 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     width only: a car standing in the next lane is not in our way, also where lanes are 3 m wide
     (with the allowance it was: 1 m + 0.5 m + 1 m + 0.6 m > 3 m); once it turns in it is
     counted with the allowance again.
+
+    Gaps are measured from the ego, also where it is still behind the route's first point (a
+    route that starts ahead of it); only actors ahead of its front count.
     """
     if measure not in ("centre", "entry"):
         raise ValueError(f"corridor_lead: unknown measure {measure!r}; valid: 'centre', 'entry'")
@@ -123,6 +126,13 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
         allowance[np.abs(np.cos(dyaw)) >= math.cos(math.radians(PARALLEL_DEG))] = 0.0
     reach = np.minimum(ext[near, 0], ext[near, 1] + allowance)  # lateral reach of the other box
     hit = d < (reach + ego_half_width + margin)[:, None]
+    # the ego behind the route's first point (a route that starts ahead of it: one chained from
+    # a goal it has not quite reached, or from the spawn point nearest that goal) is measured from
+    # where it is, so an actor just past that point is ahead of it, not beside it
+    behind = 0.0
+    if idx == 0:
+        behind = max(0.0, -((ex - pts[0, 0]) * math.cos(route.yaw[0])
+                            + (ey - pts[0, 1]) * math.sin(route.yaw[0])))
     best, who = math.inf, -1
     for a in np.flatnonzero(hit.any(axis=1)):
         k = near[a]
@@ -134,6 +144,7 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
             along = float(route.cum[idx + j]) - here
             dyaw = float(actors.yaw[k] - route.yaw[idx + j])
             half = abs(ext[k, 0] * math.cos(dyaw)) + abs(ext[k, 1] * math.sin(dyaw))  # along the route
+        along += behind
         if along > ego_half_length - 0.5:  # ahead of our front, not beside us
             g = along - ego_half_length - half
             if g < best:
