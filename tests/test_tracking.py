@@ -97,6 +97,35 @@ def test_corridor_from_an_ego_behind_the_routes_start():
         (pytest.approx(gaps["centre"] - 3.0, abs=0.1), 0)
 
 
+def test_an_actor_crossing_just_ahead_of_the_front_is_in_the_way():
+    """A walker crossing 0.25 m ahead of the ego's front, 0.5 m off the route, enters the corridor
+    at a route point beside the ego (1 m ahead of its centre). It counts for both measures (its
+    place along the route is ahead of the front), the cautious 'entry' gap below 0: the autopilot,
+    which took it as beside itself, drove off from standing into a walker crossing there."""
+    rm = load_town("avenue")
+    lane, route = _straight(rm)
+    x0, y0, yaw = rm.pose_at(lane, 10.0)
+    tr = RouteTracker(route)
+    tr.update(x0, y0, yaw)
+
+    def walker_at(s):
+        x, y, h = rm.pose_at(lane, s)
+        side = np.array([-math.sin(h), math.cos(h)])
+        return Actors(np.arange(1), np.full(1, int(ActorClass.WALKER), np.int8),
+                      np.array([[x, y]]) + 0.5 * side, np.array([h - math.pi / 2]),
+                      np.array([[0.3, 0.3]]), np.zeros((1, 2)))
+
+    ahead = walker_at(10.0 + 2.4 + 0.25)
+    entry, who = corridor_lead(route, tr.idx, tr.s, x0, y0, ahead, 2.4, 1.05, measure="entry",
+                               parallel_reach=True)
+    assert who == 0 and entry < -1.0
+    centre, who = corridor_lead(route, tr.idx, tr.s, x0, y0, ahead, 2.4, 1.05)
+    assert who == 0 and centre == pytest.approx(0.25 - 0.3, abs=0.6)
+    # beside the ego (level with its centre + 1 m): not in the way
+    assert corridor_lead(route, tr.idx, tr.s, x0, y0, walker_at(11.0), 2.4, 1.05,
+                         measure="entry") == (math.inf, -1)
+
+
 def test_parallel_reach_counts_a_car_in_the_next_3m_lane_by_its_half_width():
     """A car standing 3.0 m to the side (the next lane where lanes are 3 m wide), heading along the
     route or against it, is in the corridor with the 0.6 m cut-in allowance (1.05 + 0.5 + 1.0 +

@@ -100,8 +100,10 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     (with the allowance it was: 1 m + 0.5 m + 1 m + 0.6 m > 3 m); once it turns in it is
     counted with the allowance again.
 
-    Gaps are measured from the ego, also where it is still behind the route's first point (a
-    route that starts ahead of it); only actors ahead of its front count.
+    Only actors whose place along the route (the route point nearest their centre) is ahead of the
+    ego's front count, with either measure (an actor crossing just ahead enters the corridor
+    beside the ego's front: it counts). Gaps are measured from the ego, also where it is still
+    behind the route's first point (a route that starts ahead of it).
     """
     if measure not in ("centre", "entry"):
         raise ValueError(f"corridor_lead: unknown measure {measure!r}; valid: 'centre', 'entry'")
@@ -136,19 +138,20 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     best, who = math.inf, -1
     for a in np.flatnonzero(hit.any(axis=1)):
         k = near[a]
+        j = int(np.argmin(d[a]))  # the route point nearest the actor: its place along the route
+        place = float(route.cum[idx + j]) - here + behind
+        if place <= ego_half_length - 0.5:
+            continue  # beside us or behind, not ahead of our front
         if measure == "entry":
-            along = float(route.cum[idx + int(np.argmax(hit[a]))]) - here
+            along = float(route.cum[idx + int(np.argmax(hit[a]))]) - here + behind
             half = float(ext[k, 0])
         else:
-            j = int(np.argmin(d[a]))  # the route point nearest the actor: its place along the route
-            along = float(route.cum[idx + j]) - here
+            along = place
             dyaw = float(actors.yaw[k] - route.yaw[idx + j])
             half = abs(ext[k, 0] * math.cos(dyaw)) + abs(ext[k, 1] * math.sin(dyaw))  # along the route
-        along += behind
-        if along > ego_half_length - 0.5:  # ahead of our front, not beside us
-            g = along - ego_half_length - half
-            if g < best:
-                best, who = g, int(k)
+        g = along - ego_half_length - half
+        if g < best:
+            best, who = g, int(k)
     return best, who
 
 
