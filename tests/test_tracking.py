@@ -126,6 +126,35 @@ def test_an_actor_crossing_just_ahead_of_the_front_is_in_the_way():
                          measure="entry") == (math.inf, -1)
 
 
+def test_a_car_crossing_outside_junctions_is_on_another_level():
+    """With the route's junction flags, a car crossing the route at right angles where the route is
+    outside junctions passes over or under it (the world's grade-separation rule): not in the way.
+    A walker crossing there is, and so is a car crossing where the route runs through a junction,
+    or at 30 degrees (merging, not crossing)."""
+    rm = load_town("avenue")
+    lane, route = _straight(rm)
+    x0, y0, yaw = rm.pose_at(lane, 10.0)
+    ax, ay, ayaw = rm.pose_at(lane, 25.0)
+    tr = RouteTracker(route)
+    tr.update(x0, y0, yaw)
+    outside = np.zeros(len(route.pts), bool)
+
+    def lead(cls, heading, in_junction):
+        act = Actors(np.arange(1), np.full(1, int(cls), np.int8), np.array([[ax, ay]]),
+                     np.array([heading]), np.array([[2.3, 1.0]]), np.zeros((1, 2)))
+        return corridor_lead(route, tr.idx, tr.s, x0, y0, act, 2.4, 1.05, measure="entry",
+                             parallel_reach=True, in_junction=in_junction)[1]
+
+    across = ayaw + math.pi / 2
+    assert lead(ActorClass.CAR, across, None) == 0  # no junction flags: no rule
+    assert lead(ActorClass.CAR, across, outside) == -1
+    assert lead(ActorClass.CAR, ayaw + math.radians(30), outside) == 0
+    assert lead(ActorClass.WALKER, across, outside) == 0
+    junction = outside.copy()
+    junction[np.abs(route.cum - 27.0) < 1.0] = True  # the route in a junction just past it
+    assert lead(ActorClass.CAR, across, junction) == 0
+
+
 def test_parallel_reach_counts_a_car_in_the_next_3m_lane_by_its_half_width():
     """A car standing 3.0 m to the side (the next lane where lanes are 3 m wide), heading along the
     route or against it, is in the corridor with the 0.6 m cut-in allowance (1.05 + 0.5 + 1.0 +

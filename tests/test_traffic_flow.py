@@ -136,6 +136,31 @@ def test_a_vehicle_behind_the_ego_waiting_at_a_red_light_is_not_stuck(ego_before
         assert world.npc_respawns == 1
 
 
+def test_a_vehicle_crossing_under_the_egos_road_does_not_wait_for_it():
+    """Two roads crossing at right angles outside any junction cross on two levels (a bridge), as
+    the world's collision test has it: a vehicle on one drives on under the ego standing on the
+    other, with no contact (it stopped 8 m short and waited for the ego to leave; with the
+    autopilot taking it for an actor in its way too, Town05's ring road held both for a minute
+    until the respawn moved the vehicle)."""
+    def lane(key, p0, p1):
+        n = 60
+        pts = np.stack([np.linspace(p0[0], p1[0], n), np.linspace(p0[1], p1[1], n)], 1)
+        return LaneRecord(key=key, points=pts, width=np.full(n, 3.5), mark_left=np.zeros(n, np.uint8),
+                          mark_right=np.zeros(n, np.uint8), junction=-1, successors=[])
+
+    rm = build_roadmap("crossing", [lane((1, 0, -1), (0, 0), (200, 0)),
+                                    lane((2, 0, -1), (100, -100), (100, 100))])
+    world = LiteWorld(rm, SimConfig(vehicles=1, traffic=TrafficParams(signals="none",
+                                                                      stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(100.0, 0.0, 0.0))  # standing where the roads cross
+    _place(world, 0, rm.key_index[(2, 0, -1)], 70.0)
+    events = []
+    for _ in range(150):  # 15 s
+        events += world.step((0.0, -1.0)).collisions
+    assert world.v_s[0] > 150.0 and world.v_v[0] > 5.0  # passed under, at speed
+    assert not events and world.npc_collision_total == 0
+
+
 def test_waits_for_light_follows_the_chain_of_standing_vehicles():
     from drivemind.sim.kernels import BLOCKED_EGO, BLOCKED_LIGHT, BLOCKED_OTHER, NO_BLOCKER
     from drivemind.sim.kernels import _waits_for_light

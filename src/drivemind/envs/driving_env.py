@@ -216,6 +216,7 @@ class DriveEnv(gym.Env):
         self.tracker = RouteTracker(route)
         self._stops = route_stops(route, snap.lights)
         self._commands = route_commands(route, self.map)
+        self._route_in_junction = self.map.junction[route.lanes] >= 0
         e = snap.ego
         self.tracker.update(e.x, e.y, e.yaw)
 
@@ -409,7 +410,8 @@ class DriveEnv(gym.Env):
             st = int(snap.lights.state[li])
             if st != LightState.OFF:
                 light_state, light_dist = st, max(d, 0.0)
-        gap, who = corridor_lead(tr.route, tr.idx, tr.s, e.x, e.y, snap.actors, hl, hw, c.lead_range)
+        gap, who = corridor_lead(tr.route, tr.idx, tr.s, e.x, e.y, snap.actors, hl, hw, c.lead_range,
+                                 in_junction=self._route_in_junction)
         lead_speed = float(np.hypot(*snap.actors.velocity[who])) if who >= 0 else 0.0
         lat = self._lat_hist
         n = len(lat)

@@ -206,7 +206,8 @@ class Autopilot:
             ignore = int(k[0]) if len(k) else -1
         gap, who = corridor_lead(route, self.idx, here, e.x, e.y, snap.actors, p.length / 2,
                                  p.width / 2, horizon=40.0, search=45.0, measure="entry",
-                                 ignore=ignore, parallel_reach=True)
+                                 ignore=ignore, parallel_reach=True,
+                                 in_junction=self.in_junction)
         if self.pass_standing and self._pass is None:
             if who >= 0 and math.hypot(*snap.actors.velocity[who]) < 0.3:
                 aid = int(snap.actors.id[who])

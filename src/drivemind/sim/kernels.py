@@ -18,6 +18,9 @@ NO_BLOCKER = -1  # codes of traffic_step's ``blocker`` other than a vehicle's in
 BLOCKED_OTHER = -2  # a walker, or a lane's tapered end
 BLOCKED_LIGHT = -3  # a red or yellow light
 BLOCKED_EGO = -4  # the ego
+# two vehicles on lanes outside junctions whose headings differ by more than this (|cos| below it,
+# about 45 degrees) cross on two levels (a bridge: the map is flat here): no contact, no waiting
+GRADE_SEPARATED_COS = 0.7
 STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted
 # overtaking in the oncoming lane (traffic.overtake; :func:`overtakes`)
 OTK_OFF, OTK_OUT, OTK_BACK, OTK_FALL = 0, 1, 2, 3  # overtake states (world.v_otk)
@@ -740,6 +743,15 @@ def traffic_step(
         if dx * dx + dy * dy < (lookahead * 0.5) ** 2:
             g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw_c, ego_circ,
                               ego_circ_r, lookahead * 0.5, 1.0)
+            if g < gap and junction[lane[i]] < 0 and ego_lane >= 0 and junction[ego_lane] < 0:
+                # where it meets the ego on its own lane, outside junctions, crossing the ego's
+                # lane (outside junctions) at more than about 45 degrees: one passes over the
+                # other (a bridge), as in the world's collision test
+                sh = s[i] + max(g, 0.0) + hl[i]
+                if sh <= length[lane[i]]:
+                    _, _, hh = lane_pose(offset, ds, length, pts, yaw, lane[i], sh)
+                    if abs(math.cos(hh - ego_yaw)) < GRADE_SEPARATED_COS:
+                        g = INF
             if g < gap:
                 gap = g
                 vl = 0.0

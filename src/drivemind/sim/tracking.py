@@ -14,7 +14,8 @@ import math
 import numpy as np
 
 from ..maps.routing import Route
-from .snapshot import Actors, TrafficLights
+from . import kernels
+from .snapshot import ActorClass, Actors, TrafficLights
 
 LOCATE_BACK, LOCATE_AHEAD = 5, 60  # route points searched around the last position (1 m apart)
 SAME_CROSSING = 10.0  # m: stops of one light closer than this along a route are one crossing
@@ -77,7 +78,8 @@ def next_stop(stops: list[tuple[float, int]], s: float, offset: float = 0.0,
 def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, actors: Actors,
                   ego_half_length: float, ego_half_width: float, horizon: float = 50.0,
                   margin: float = 0.5, *, search: float | None = None, measure: str = "centre",
-                  ignore: int = -1, parallel_reach: bool = False):
+                  ignore: int = -1, parallel_reach: bool = False,
+                  in_junction: np.ndarray | None = None):
     """Nearest actor in the ego's corridor along the route ahead: ``(gap m, index)``, or
     ``(inf, -1)``. Actors beside the ego (not ahead of its front) are ignored.
 
@@ -99,6 +101,11 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     width only: a car standing in the next lane is not in our way, also where lanes are 3 m wide
     (with the allowance it was: 1 m + 0.5 m + 1 m + 0.6 m > 3 m); once it turns in it is
     counted with the allowance again.
+
+    ``in_junction`` (per route point, whether it lies in a junction) applies the world's
+    grade-separation rule: a vehicle crossing the route at more than about 45 degrees
+    (``kernels.GRADE_SEPARATED_COS``) where the route is outside junctions for its length and 3 m
+    more either way passes over or under it (a bridge), and is not in the way. Walkers always are.
 
     Only actors whose place along the route (the route point nearest their centre) is ahead of the
     ego's front count, with either measure (an actor crossing just ahead enters the corridor
@@ -142,6 +149,12 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
         place = float(route.cum[idx + j]) - here + behind
         if place <= ego_half_length - 0.5:
             continue  # beside us or behind, not ahead of our front
+        if in_junction is not None and actors.cls[k] != ActorClass.WALKER and \
+                abs(math.cos(actors.yaw[k] - route.yaw[idx + j])) < kernels.GRADE_SEPARATED_COS:
+            c = route.cum[idx + j]
+            lo, hi = np.searchsorted(route.cum, (c - ext[k, 0] - 3.0, c + ext[k, 0] + 3.0))
+            if not in_junction[lo:hi + 1].any():
+                continue  # crossing on another level
         if measure == "entry":
             along = float(route.cum[idx + int(np.argmax(hit[a]))]) - here + behind
             half = float(ext[k, 0])

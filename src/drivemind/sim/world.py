@@ -699,7 +699,7 @@ class LiteWorld:
         passes over the other (a bridge; the map is flat here), so it is no collision."""
         if la < 0 or lb < 0 or self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
             return False
-        return abs(math.cos(ya - yb)) < 0.7
+        return abs(math.cos(ya - yb)) < K.GRADE_SEPARATED_COS
 
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
