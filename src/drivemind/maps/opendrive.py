@@ -249,7 +249,7 @@ def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5
     short_start: dict[tuple, np.ndarray] = {}
     for k in sorted(starts):
         w0 = starts[k]
-        wps = [w0] + [w for w in w0.next_until_lane_end(sample) if key(w) == k]
+        wps = [w0] + _lane_waypoints(w0, k, key, sample)
         pts = np.array([[w.transform.location.x, w.transform.location.y] for w in wps])
         if len(pts) >= 2:
             keep = np.concatenate([[True], np.linalg.norm(np.diff(pts, axis=0), axis=1) > 1e-6])
@@ -282,6 +282,36 @@ def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5
     landmarks = [TrafficLightLandmark(lm.transform.location.x, lm.transform.location.y, lm.road_id)
                  for lm in lms]
     return records, landmarks, short
+
+
+def _lane_waypoints(w0, k, key, sample: float) -> list:
+    """The waypoints of lane ``k`` every ``sample`` m after ``w0`` (its start). The native
+    ``next_until_lane_end`` raises ``RuntimeError: distance > 0.0`` on some lanes (a ring road
+    that is its own successor, a lane section starting at s = 0 of some exports; esmini's
+    velodrome); those are walked with ``next()`` instead, along the lane's direction of travel
+    until its end (s stops moving that way) or 50 km."""
+    try:
+        return [w for w in w0.next_until_lane_end(sample) if key(w) == k]
+    except RuntimeError:
+        return _walk_lane(w0, k, key, sample)
+
+
+def _walk_lane(w0, k, key, sample: float) -> list:
+    """:func:`_lane_waypoints` by ``next()``: the waypoints of lane ``k`` every ``sample`` m after
+    ``w0``, along its direction of travel until s stops moving that way (its end, or the start
+    again on a ring road that is its own successor) or 50 km."""
+    out, cur, way = [], w0, 0.0
+    for _ in range(int(50000 / sample)):
+        nxt = [n for n in cur.next(sample) if key(n) == k and n.s != cur.s]
+        if not nxt:
+            break
+        step = nxt[0].s - cur.s
+        if way and step * way < 0:  # round again (a ring road) or onto its start: the lane ended
+            break
+        way = way or step
+        cur = nxt[0]
+        out.append(cur)
+    return out
 
 
 def _splice_short_lanes(records, short: dict, short_start: dict, succ: dict) -> None:
