@@ -80,7 +80,7 @@ def _hash_embed(bev):
 
 @pytest.fixture(scope="module")
 def tiny():
-    # seed 1: one of its episodes ends in a crash (the labels below are checked on it)
+    # seed 1: its episodes include crashes (the labels below are checked on them)
     cfg = HeldoutConfig(towns=("grid",), densities=("drivevlm",), drivers=("perturbed", "random"),
                         steps=150, every=3, seed=1)
     return cfg, collect(cfg, embed=_hash_embed)
@@ -93,11 +93,12 @@ def test_tiny_set_is_deterministic_and_labelled_from_its_facts(tiny):
     assert np.array_equal(data.facts["speed_kmh"], again.facts["speed_kmh"])
     assert np.allclose(data.embedding, again.embedding)
     hit = data.facts["collision"] > 0
-    assert data.meta["collisions"] == hit.sum() == 1 and data.done[hit].all()
-    # the crash's last second is kept in full (oversampled) and labelled danger, in time order
-    assert data.labels["collision_1s"].sum() == 11
-    ttc = data.labels["time_to_collision_s"][data.labels["collision_1s"]]
-    assert np.allclose(ttc, np.arange(1.0, -0.05, -0.1))
+    assert data.meta["collisions"] == hit.sum() >= 1 and data.done[hit].all()
+    # each crash's last second is kept in full (oversampled) and labelled danger, in time order
+    assert data.labels["collision_1s"].sum() == 11 * hit.sum()
+    for e in np.unique(data.episode[hit]):
+        rows = np.flatnonzero((data.episode == e) & data.labels["collision_1s"])
+        assert np.allclose(data.labels["time_to_collision_s"][rows], np.arange(1.0, -0.05, -0.1))
     assert data.labels["collision_1s"][hit].all()
     for e in np.unique(data.episode):  # rows per episode in time order, ``done`` only on the last
         rows = np.flatnonzero(data.episode == e)
@@ -120,10 +121,12 @@ def test_tiny_set_is_deterministic_and_labelled_from_its_facts(tiny):
 def test_scores_on_the_tiny_set(tiny):
     _, data = tiny
     res, vals = evaluate_reward(lambda: make_reward("tirl"), data)
-    # TIRL is -1 at the collision step only: that row wins against every safe row, the other ten
-    # danger rows tie with them (0 = 0)
+    # TIRL is -1 at each collision step only: that row wins against every safe row, the other ten
+    # danger rows of each crash tie with them (0 = 0)
     danger, safe = data.labels["collision_1s"], data.labels["safe"] & ~data.labels["collision_1s"]
-    assert res["n_danger"] == 11 and res["auroc"] == pytest.approx(auroc(-vals[danger | safe], danger[danger | safe]))
+    crashes = int((data.facts["collision"] > 0).sum())
+    assert res["n_danger"] == 11 * crashes >= 11
+    assert res["auroc"] == pytest.approx(auroc(-vals[danger | safe], danger[danger | safe]))
     assert res["auroc"] == pytest.approx((1 * safe.sum() + 0.5 * 10 * safe.sum()) / (11 * safe.sum()))
     res, vals = evaluate_reward(lambda: make_reward("chen"), data)
     assert vals.shape == (len(data),) and np.isfinite(vals).all()
