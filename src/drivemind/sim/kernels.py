@@ -339,7 +339,7 @@ def _waits_for_light(i, blocker, v, light_block, ego_at_light):
 
 @nb.njit(cache=True)
 def _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length, lane_light,
-                  light_state, ego_lane, ego_s, ego_v, ego_r, lookahead):
+                  light_state, ego_lane, ego_s, ego_v, ego_r):
     """Whether the ego stands in a queue at a red or yellow light: within QUEUE_GAP m of a
     standing vehicle ahead on its lane (or the lanes that lane leads on to, outside junctions)
     that waits for one, or of the stop line of such a light with nobody between."""
@@ -813,7 +813,7 @@ def traffic_step(
     # while the vehicle's waits-for chain of standing vehicles ends at a red or yellow light, or at
     # the ego standing in such a queue or at such a light
     ego_at_light = _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length,
-                                 lane_light, light_state, ego_lane, ego_s, ego_v, ego_r, lookahead)
+                                 lane_light, light_state, ego_lane, ego_s, ego_v, ego_r)
     for i in range(n):
         if v[i] >= 0.3:
             stuck[i] = 0.0
