@@ -236,13 +236,7 @@ def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5
             continue
         # back to the lane's start (previous_until_lane_start dies with SIGSEGV on such a lane in
         # carla 0.9.16; previous() does not), at most 50 km
-        first = w
-        for _ in range(int(50000 / sample)):
-            back = [b for b in first.previous(sample) if key(b) == k and b.s != first.s]
-            if not back:
-                break
-            first = back[0]
-        starts[k] = first
+        starts[k] = (_walk_lane(w, k, key, sample, backward=True) or [w])[-1]
         succ[k] = []
     records = []
     short: dict[tuple, float] = {}  # lanes shorter than `sample` -> distance to their successor
@@ -296,13 +290,14 @@ def _lane_waypoints(w0, k, key, sample: float) -> list:
         return _walk_lane(w0, k, key, sample)
 
 
-def _walk_lane(w0, k, key, sample: float) -> list:
-    """:func:`_lane_waypoints` by ``next()``: the waypoints of lane ``k`` every ``sample`` m after
-    ``w0``, along its direction of travel until s stops moving that way (its end, or the start
+def _walk_lane(w0, k, key, sample: float, backward: bool = False) -> list:
+    """The waypoints of lane ``k`` every ``sample`` m after ``w0`` by ``next()`` (``backward``:
+    before it, by ``previous()``), until the lane ends, s stops moving the way it went (the start
     again on a ring road that is its own successor) or 50 km."""
     out, cur, way = [], w0, 0.0
     for _ in range(int(50000 / sample)):
-        nxt = [n for n in cur.next(sample) if key(n) == k and n.s != cur.s]
+        ahead = cur.previous(sample) if backward else cur.next(sample)
+        nxt = [n for n in ahead if key(n) == k and n.s != cur.s]
         if not nxt:
             break
         step = nxt[0].s - cur.s
