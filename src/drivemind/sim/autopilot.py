@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..maps.roadmap import RoadMap
-from ..maps.routing import Route, RouteError, nearest_spawn, plan_route, random_route
+from ..maps.routing import Route, RouteError, plan_route, random_route
 from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
 from .kernels import obb_overlap
@@ -104,7 +104,10 @@ class Autopilot:
                        max_length: float = 3000.0) -> Route:
         """Follow a new random route from where the current one ends (the ego's own lane, so it
         does not cut across to a spawn point on the next lane), to a random spawn point; if none
-        can be reached from there, from the spawn point nearest (x, y). Planned on the links the
+        can be reached from there, from the nearest spawn point ahead of (x, y) in the driving
+        direction (:func:`spawn_ahead`: never one behind or on the opposite lane, which would ask
+        for a U-turn); raises :class:`RouteError` when there is none (an open road end: the caller
+        starts the ego elsewhere, :func:`clear_start`). Planned on the links the
         traffic follows (:func:`~drivemind.sim.tables.linked_roadmap`: a map whose links leave
         dead ends still gives a route on)."""
         rm = linked_roadmap(self.map)
@@ -120,7 +123,12 @@ class Autopilot:
                 route = r
                 break
         if route is None:
-            route = random_route(rm, rng, max_length=max_length, start=nearest_spawn(rm, x, y))
+            start = spawn_ahead(rm, x, y, float(self.route.yaw[-1]))
+            if start is None:
+                raise RouteError(f"no route on from ({x:.1f}, {y:.1f}) on map {rm.name!r}: the lane "
+                                 f"ends in an open road end and no spawn point lies ahead in the "
+                                 f"driving direction (restart elsewhere: clear_start)")
+            route = random_route(rm, rng, max_length=max_length, start=start)
         self.set_route(route)
         return self.route
 
@@ -269,7 +277,6 @@ class Autopilot:
                 continue  # too wide to pass without leaving our route's reach
             knots = (here, cum_o, s2, s3)
             self._pass = dict(id=int(act.id[who]), o=o, knots=knots, s3=s3)
-            n = len(r.pts)
             off = o * np.interp(r.cum, knots, (0.0, 1.0, 1.0, 0.0))
             pts = r.pts + np.stack([-np.sin(r.yaw), np.cos(r.yaw)], 1) * off[:, None]
             self._pass["path"] = Route(r.segments, pts, r.yaw, r.cum, r.lanes)
@@ -578,6 +585,39 @@ def autopilot_episode(rm: RoadMap, config: SimConfig, seed: int, max_length: flo
     route = random_route(rm, rng, max_length=max_length)
     snap = world.reset(seed=seed, ego_pose=route.start)
     return world, rng, snap, Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+
+
+def spawn_ahead(rm: RoadMap, x: float, y: float, yaw: float, max_turn: float = math.pi / 4):
+    """Index of the spawn point nearest (x, y) that lies ahead of it (not behind) and faces within
+    ``max_turn`` of ``yaw``, or None: where a driver at an open road end may start its next route
+    without turning round."""
+    dx, dy = rm.spawn[:, 0] - x, rm.spawn[:, 1] - y
+    ahead = dx * math.cos(yaw) + dy * math.sin(yaw) >= 0.0
+    dyaw = np.abs((rm.spawn[:, 2] - yaw + math.pi) % (2 * math.pi) - math.pi)
+    ok = np.flatnonzero(ahead & (dyaw <= max_turn))
+    if not len(ok):
+        return None
+    return int(ok[np.argmin(np.hypot(dx[ok], dy[ok]))])
+
+
+def clear_start(world: LiteWorld, rng: np.random.Generator, tries: int = 50,
+                clear_m: float = 15.0) -> Route | None:
+    """A random route (on :func:`~drivemind.sim.tables.linked_roadmap`'s links) whose start has no
+    vehicle or walker within ``clear_m`` metres, or None when ``tries`` routes all start near one:
+    for an ego whose route ended at an open road end (:meth:`Autopilot.new_route_from` raised
+    :class:`RouteError`). On None the ego waits and the caller asks again later, rather than being
+    placed onto an actor (``world.place_ego(route.start)`` moves it)."""
+    rm = linked_roadmap(world.map)
+    actors = np.concatenate([world.v_xy.reshape(-1, 2), world.w_xy.reshape(-1, 2)])
+    for _ in range(tries):
+        try:
+            r = random_route(rm, rng)
+        except RouteError:
+            continue
+        x0, y0, _ = r.start
+        if not len(actors) or np.hypot(*(actors - (x0, y0)).T).min() > clear_m:
+            return r
+    return None
 
 
 PERTURBATIONS = (("expert", 0.45), ("drift", 0.25), ("rush", 0.20), ("brake", 0.10))  # share of episodes

@@ -1,0 +1,74 @@
+"""An ego whose route ends at an open road end: the autopilot's next route never asks for a
+U-turn onto the opposite lane (it raises RouteError instead), and the driver restarts where no
+actor stands (``clear_start``), not onto one. Both on a constructed two-way road that ends in
+open road ends at both sides (esmini's straight_500m and simple_3way_intersection have such)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from drivemind.maps.roadmap import LaneRecord, build_roadmap
+from drivemind.maps.routing import RouteError, plan_route
+from drivemind.sim import SimConfig
+from drivemind.sim.autopilot import Autopilot, clear_start, spawn_ahead
+from drivemind.sim.config import TrafficParams
+from drivemind.sim.world import LiteWorld
+
+LENGTH = 300.0
+FWD, BACK = (1, 0, -1), (1, 0, 1)
+
+
+def _two_way_road():
+    n = 40
+    xs = np.linspace(0.0, LENGTH, n)
+    none = np.zeros(n, np.uint8)
+    fwd = LaneRecord(key=FWD, points=np.stack([xs, np.zeros(n)], 1), width=np.full(n, 3.5),
+                     mark_left=none, mark_right=none, junction=-1, successors=[], left=BACK)
+    back = LaneRecord(key=BACK, points=np.stack([xs[::-1], np.full(n, 3.5)], 1),
+                      width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
+                      successors=[], left=FWD)
+    return build_roadmap("dead_ends", [fwd, back])
+
+
+def test_spawn_ahead_faces_the_driving_direction():
+    rm = _two_way_road()
+    k = spawn_ahead(rm, 150.0, 0.0, 0.0)
+    assert rm.spawn[k, 0] >= 150.0 and abs(rm.spawn[k, 2]) < 1e-6  # on the +x lane, ahead
+    k = spawn_ahead(rm, 150.0, 3.5, math.pi)
+    assert rm.spawn[k, 0] <= 150.0 and abs(abs(rm.spawn[k, 2]) - math.pi) < 1e-6
+    assert spawn_ahead(rm, LENGTH + 50.0, 0.0, 0.0) is None  # past the road's end: none ahead
+
+
+def test_no_u_turn_at_an_open_road_end():
+    """The route ends 3 m before the +x lane's end, past its last spawn point; the nearest spawn
+    point overall is on the opposite lane beside the ego. The next route must not start there (a U-turn the autopilot
+    cannot drive: it left the road on simple_3way_intersection); it raises RouteError."""
+    rm = _two_way_road()
+    fwd = rm.key_index[FWD]
+    route = plan_route(rm, (fwd, 100.0), (fwd, LENGTH - 3.0))
+    pilot = Autopilot(rm, route)
+    x, y = (float(v) for v in route.pts[-1])
+    nearest = int(np.argmin(np.hypot(rm.spawn[:, 0] - x, rm.spawn[:, 1] - y)))
+    assert rm.spawn_lane[nearest] == rm.key_index[BACK]  # the trap: the nearest one faces back
+    with pytest.raises(RouteError, match="open road end"):
+        pilot.new_route_from(np.random.default_rng(0), x, y)
+
+
+def test_clear_start_keeps_away_from_actors():
+    rm = _two_way_road()
+    cfg = SimConfig(vehicles=6, walkers=0, offroad_margin=None,
+                    traffic=TrafficParams(signals="none", stuck_respawn=None))
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=0, ego_pose=(LENGTH, 60.0, 0.0))
+    assert len(world.v_xy) >= 3
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        r = clear_start(world, rng, clear_m=15.0)
+        assert r is not None
+        x0, y0, _ = r.start
+        assert np.hypot(*(world.v_xy - (x0, y0)).T).min() > 15.0
+    # a start this far from every actor does not exist on a 300 m road: wait, do not place
+    assert clear_start(world, rng, clear_m=LENGTH) is None
