@@ -152,7 +152,8 @@ def test_traffic_merges_before_a_lane_drop_without_a_collision():
     rm = merge_road()
     right, left = rm.key_index[(1, 0, -2)], rm.key_index[(1, 0, -1)]
     world = LiteWorld(rm, SimConfig(vehicles=10, offroad_margin=None))
-    assert world.lane_stop[right] == pytest.approx(171.0, abs=1.0) and np.isinf(world.lane_stop[left])
+    stop = world.taper_stop[rm.offset[right]]  # where the right lane, seen from its start, narrows
+    assert stop == pytest.approx(171.0, abs=1.0) and np.isinf(world.taper_stop[rm.offset[left]])
     world.reset(seed=1, ego_pose=(100.0, 60.0, 0.0))
     deepest = 0.0
     for _ in range(1200):
@@ -162,7 +163,61 @@ def test_traffic_merges_before_a_lane_drop_without_a_collision():
             deepest = max(deepest, float((world.v_s[on_right] + world.v_hl[on_right]).max()))
     assert world.npc_collision_total == 0
     assert world.lane_change_total >= 1 and world.npc_exits >= 5  # they merged and drove on
-    assert deepest <= world.lane_stop[right] + 0.05  # nobody drove into the taper
+    assert deepest <= stop + 0.05  # nobody drove into the taper
+
+
+def bays_road():
+    """A 300 m two-lane road whose right lane closes up to nothing between 120 and 160 m and opens
+    again (bays along a road, as esmini's parking_demo draws them: one driving lane whose width
+    goes to 0 and back), then 200 m more of the two lanes, which end there (open road ends)."""
+    from drivemind.maps.roadmap import build_roadmap
+
+    def width(x):
+        return np.clip(np.abs(x - 140.0) / 10.0 - 1.0, 0.0, 1.0) * 3.5  # 0 at 130-150 m
+
+    left = _lane((1, 0, -1), 0, 300, succ=[(2, 0, -1)])
+    right = _lane((1, 0, -2), 0, 300, y=3.5, succ=[(2, 0, -2)], width=width)
+    left.right, right.left = (1, 0, -2), (1, 0, -1)
+    on_left, on_right = _lane((2, 0, -1), 300, 500), _lane((2, 0, -2), 300, 500, y=3.5)
+    on_left.right, on_right.left = (2, 0, -2), (2, 0, -1)
+    return build_roadmap("bays", [left, right, on_left, on_right])
+
+
+def test_taper_stop_is_the_next_narrowing_ahead():
+    from drivemind.maps.roadmap import MIN_SPAWN_WIDTH
+
+    rm = bays_road()
+    right = rm.key_index[(1, 0, -2)]
+    world = LiteWorld(rm, SimConfig(vehicles=0, offroad_margin=None))
+    o0, o1 = rm.offset[right], rm.offset[right + 1]
+    stops = world.taper_stop[o0:o1]
+    w = rm.width[o0:o1]
+    first = int(np.argmax(w < MIN_SPAWN_WIDTH))  # where it first gets too narrow
+    assert stops[0] == pytest.approx(first * rm.ds[right])
+    assert 120.0 < stops[0] < 140.0
+    # past the closed stretch, where the lane is wide again to its end: no stop ahead
+    assert np.isinf(stops[int(200 / rm.ds[right])])
+    assert np.isinf(world.taper_stop[rm.offset[rm.key_index[(1, 0, -1)]]])
+
+
+def test_traffic_leaves_a_lane_before_it_closes_up_without_a_collision():
+    """Before the per-point stop only a lane narrow at its *end* was an obstacle: vehicles drove
+    on into a stretch where the lane closes up, their centre 1.75 m from the next lane's, and hit
+    its traffic (parking_demo: 5-6 NPC contacts in 600 s)."""
+    rm = bays_road()
+    right = rm.key_index[(1, 0, -2)]
+    world = LiteWorld(rm, SimConfig(vehicles=12, offroad_margin=None))
+    world.reset(seed=2, ego_pose=(100.0, 60.0, 0.0))
+    assert (world.v_lane == right).sum() >= 2
+    stop = world.taper_stop[rm.offset[right]]
+    inside = 0
+    for _ in range(1200):
+        world.step(np.zeros(2))
+        on = (world.v_lane == right) & (world.v_s < stop + 30.0)  # before the lane opens again
+        inside += int(((world.v_s + world.v_hl)[on] > stop + 0.05).sum())
+    assert world.npc_collision_total == 0
+    assert inside == 0  # nobody drove into the closed stretch
+    assert world.lane_change_total >= 1 and world.npc_exits >= 5
 
 
 def test_no_lane_change_into_a_lane_that_narrows():

@@ -380,7 +380,7 @@ def _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length, 
 def traffic_step(
     dt, t,
     # map
-    offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax, lane_stop,
+    offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax, taper_stop,
     # vehicles (modified in place)
     lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
     lcfrom,
@@ -781,8 +781,9 @@ def traffic_step(
                 vl = 0.0
                 src = BLOCKED_LIGHT if light_block[i] else rej[i]
         # a lane that ends in a taper (it merges into its neighbour): nobody drives into it
-        if lane_stop[lane[i]] < INF:
-            g = lane_stop[lane[i]] - s[i] - hl[i]
+        ts = _taper_ahead(taper_stop, offset, ds, lane[i], s[i])
+        if ts < INF:
+            g = ts - s[i] - hl[i]
             if g < gap:
                 gap = g
                 vl = 0.0
@@ -967,8 +968,16 @@ def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
 
 
 @nb.njit(cache=True)
+def _taper_ahead(taper_stop, offset, ds, li, s):
+    """Where lane ``li`` next becomes too narrow ahead of arc length ``s`` (world.taper_stops)."""
+    n = offset[li + 1] - offset[li]
+    k = min(max(int(s / ds[li]), 0), n - 1)
+    return taper_stop[offset[li] + k]
+
+
+@nb.njit(cache=True)
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
-                 right_same, lane_vmax, lane_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
+                 right_same, lane_vmax, taper_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
                  threshold, b_safe, xy):
     """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
@@ -995,8 +1004,9 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         ga, va, gb, vb, fb = _neighbours_on(lane, s, v, hl, n, li, s[i] + hl[i], i)
         if ego_lane == li and ego_s > s[i] and ego_s - s[i] - hl[i] - 2.5 < ga:
             ga, va = ego_s - s[i] - hl[i] - 2.5, ego_v
-        if lane_stop[li] - s[i] - hl[i] < ga:  # the lane ends in a taper: a standing obstacle
-            ga, va = lane_stop[li] - s[i] - hl[i], 0.0
+        ts = _taper_ahead(taper_stop, offset, ds, li, s[i])
+        if ts - s[i] - hl[i] < ga:  # the lane narrows ahead (a taper): a standing obstacle
+            ga, va = ts - s[i] - hl[i], 0.0
         a_cur = _idm(v[i], v0, ga, va, amax[i], bcomf[i], s0, T)
         best_gain = threshold
         best = -1

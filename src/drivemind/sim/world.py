@@ -108,14 +108,10 @@ class LiteWorld:
                            < MIN_SPAWN_WIDTH for i in range(roadmap.n_lanes)], np.bool_)
         self._lc_left = np.where((roadmap.left >= 0) & narrow[roadmap.left], -1, roadmap.left)
         self._lc_right = np.where((roadmap.right >= 0) & narrow[roadmap.right], -1, roadmap.right)
-        # where a lane that ends narrower than that (a merge taper) becomes too narrow: vehicles
-        # stop short of it and change lanes before it, as into a standing obstacle (inf: no taper)
-        self.lane_stop = np.full(roadmap.n_lanes, np.inf)
-        for i in np.flatnonzero(narrow):
-            w = roadmap.width[roadmap.offset[i]:roadmap.offset[i + 1]]
-            if w[-1] < MIN_SPAWN_WIDTH:
-                wide = np.flatnonzero(w >= MIN_SPAWN_WIDTH)
-                self.lane_stop[i] = (wide[-1] + 1) * roadmap.ds[i] if len(wide) else 0.0
+        # per lane point: where the lane next becomes too narrow ahead of it, after being wide
+        # enough (a merge taper at its end, or bays that close up along it): vehicles stop short
+        # of it and change lanes before it, as into a standing obstacle (inf: no taper ahead)
+        self.taper_stop = taper_stops(roadmap, narrow)
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
         # lanes with no way on (open road ends): a vehicle reaching the end of one leaves the
         # network and is put back at a spawn point (SUMO's vehicles leave at the fringe)
@@ -504,7 +500,7 @@ class LiteWorld:
             rm = self.map
             self.lane_change_total += K.lane_changes(
                 dt * LC_EVERY, *self._m, rm.junction, self.succ, self._lc_left, self._lc_right,
-                rm.left_same_dir, rm.right_same_dir, self.lane_vmax, self.lane_stop, self.v_lane,
+                rm.left_same_dir, rm.right_same_dir, self.lane_vmax, self.taper_stop, self.v_lane,
                 self.v_s, self.v_v, self.v_acc,
                 self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
                 self.v_amax, self.v_b,
@@ -527,7 +523,7 @@ class LiteWorld:
         if n:
             m = K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
-                self.lights.lane_light, self.lane_vmax, self.lane_stop,
+                self.lights.lane_light, self.lane_vmax, self.taper_stop,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
                 self.v_entered, self.v_wait, self.v_stuck,
                 self.v_hl, self.v_hw, self.v_vfac, self.v_vcap, self.v_amax, self.v_b, self.v_lat,
@@ -729,3 +725,24 @@ class LiteWorld:
 
     def close(self):
         pass
+
+
+def taper_stops(rm: RoadMap, narrow: np.ndarray) -> np.ndarray:
+    """Per lane point (``rm.width``'s index): the arc length on its lane of the next point ahead
+    (a higher index) where the lane, wide enough before, becomes narrower than
+    ``MIN_SPAWN_WIDTH``; inf where there is none; 0 all along a lane never that wide. ``narrow``:
+    per lane, whether it is narrower somewhere (the only lanes with a stop)."""
+    out = np.full(len(rm.width), np.inf)
+    for i in np.flatnonzero(narrow):
+        o0, o1 = int(rm.offset[i]), int(rm.offset[i + 1])
+        thin = rm.width[o0:o1] < MIN_SPAWN_WIDTH
+        if thin.all():
+            out[o0:o1] = 0.0
+            continue
+        nxt = np.inf
+        for k in range(o1 - o0 - 1, -1, -1):
+            out[o0 + k] = nxt
+            if k > 0 and thin[k] and not thin[k - 1]:
+                nxt = k * float(rm.ds[i])
+    return out
+
