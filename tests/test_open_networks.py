@@ -4,6 +4,7 @@ where they can go, and a training episode that ends when the network offers no r
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -335,3 +336,27 @@ def test_real_spirals_and_texts_without_them_are_left_alone():
     flat = _turn_xodr('<spiral curvStart="0" curvEnd="0"/>')
     text, rewritten = constant_spirals_as_arcs(flat)
     assert "<line/>" in text and rewritten == [f"road 7 geometry s={L_IN:.2f} (curvature 0)"]
+
+
+def test_a_lane_whose_centre_line_kinks_is_warned():
+    """A lane whose width jumps from 3 to 5 m at once: its centre line steps 1 m sideways within
+    one 0.5 m sample step (esmini's mixed_roads: vehicles on it swung into the next lane and met
+    its traffic). Named in a warning; a 6 m radius turn and a bay opening at 1 m of width per metre
+    (centre line at 27 degrees) are not."""
+    from drivemind.maps.validate import find_issues, kinked_centre_line
+
+    xs = np.arange(0.0, 20.0, 0.5)
+    kinked = np.stack([xs, np.where(xs < 10.0, 0.0, 1.0)], 1)
+    a = np.linspace(0.0, math.pi / 2, 20)
+    turn = np.stack([6.0 * np.sin(a), 6.0 - 6.0 * np.cos(a)], 1)  # 0.47 m steps, 4.8 degrees
+    bay = np.stack([xs, np.clip(xs - 5.0, 0.0, 5.0) * 0.5], 1)
+    assert kinked_centre_line(kinked)
+    assert not kinked_centre_line(turn) and not kinked_centre_line(bay)
+    rec = _lane((7, 0, 1), 0, 20)
+    rec.points = kinked
+    rec.width = np.full(len(kinked), 3.0)
+    issues = find_issues([rec])
+    (kind,) = [k for k in issues if "kinks" in k]
+    assert issues[kind] == ["road 7 lane 1"]
+    rec.points = bay
+    assert not any("kinks" in k for k in find_issues([rec]))

@@ -1,9 +1,9 @@
 """Checks of a loaded road network, reported as warnings that name road and lane ids.
 
-A network can parse and still be broken in ways that make vehicles vanish or stop: links to roads or
-junctions that do not exist, lanes that point to lanes the loader could not read, lanes of zero
-length, junctions with no connecting lanes. :func:`find_issues` lists them; :func:`warn_issues`
-(called by :func:`drivemind.maps.opendrive.load_xodr_text`) emits one :class:`MapWarning` per kind.
+A network can parse and still be broken in ways that make vehicles vanish, stop or meet: links to
+roads or junctions that do not exist, lanes that point to lanes the loader could not read, lanes of
+zero length, lanes whose centre line kinks, junctions with no connecting lanes.
+:func:`find_issues` lists them; :func:`warn_issues` (called by :func:`drivemind.maps.opendrive.load_xodr_text`) emits one :class:`MapWarning` per kind.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
 FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start: warned
 BROKEN_SUCCESSOR = 2.5  # m: a link this far is dropped (a vehicle or route following it would jump)
 TURNS_BACK = 120.0  # degrees between one sample step of a centre line and the next: it reverses
+KINK = 30.0  # degrees between consecutive steps: the centre line kinks (a lane width or offset that
+#               jumps: a vehicle on it swings sideways; real lanes turn at most ~11 degrees per
+#               0.5 m step in the shipped towns, a lane opening to a bay ~27)
 JUMP = 4.0  # a sample step this many times the median step: the centre line leaps
 MAX_NAMED = 8  # ids named per warning, then "and N more"
 
@@ -81,13 +84,32 @@ def broken_centre_line(points, max_turn_deg: float = TURNS_BACK) -> bool:
     before) carry no heading and are left out."""
     d = np.diff(np.asarray(points, float).reshape(-1, 2), axis=0)
     n = np.hypot(*d.T) if len(d) else np.zeros(0)
-    d, n = d[n >= 0.05], n[n >= 0.05]
-    if len(d) < 2:
+    n = n[n >= 0.05]
+    if len(n) < 2:
         return False
     if n.max() > max(JUMP * float(np.median(n)), 1.0):
         return True
+    return bool(_step_turns(points).max() > max_turn_deg)
+
+
+def _step_turns(points) -> np.ndarray:
+    """Degrees between consecutive sample steps of a centre line (steps under 5 cm left out)."""
+    d = np.diff(np.asarray(points, float).reshape(-1, 2), axis=0)
+    n = np.hypot(*d.T) if len(d) else np.zeros(0)
+    d, n = d[n >= 0.05], n[n >= 0.05]
+    if len(d) < 2:
+        return np.zeros(0)
     cos = (d[1:] * d[:-1]).sum(1) / np.maximum(n[1:] * n[:-1], 1e-12)
-    return bool((cos < math.cos(math.radians(max_turn_deg))).any())
+    return np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+
+
+def kinked_centre_line(points, min_turn_deg: float = KINK) -> bool:
+    """A centre line that turns by more than ``min_turn_deg`` from one sample step to the next
+    (but does not reverse: :func:`broken_centre_line`): the lane's width or offset jumps there, so
+    a vehicle following it swings sideways into the next lane (esmini's mixed_roads: 64 degrees
+    where a lane widens from 3 to 5 m at once)."""
+    t = _step_turns(points)
+    return bool(len(t) and t.max() > min_turn_deg)
 
 
 def find_issues(records, text: str | None = None, short: dict | None = None,
@@ -98,8 +120,9 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
     dropped" (``dropped``, from :func:`drop_broken_successors`), "spirals of constant curvature
     read as arcs" (``arcs``, from :func:`drivemind.maps.opendrive.constant_spirals_as_arcs`),
-    "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`) and "junctions without
-    connecting lanes" (only kinds with findings).
+    "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`), lanes whose centre
+    line kinks (:func:`kinked_centre_line`) and "junctions without connecting lanes" (only kinds
+    with findings).
 
     ``records``: the loader's lane records; ``short``: lanes it spliced out for being shorter than
     one sample step, with their length (``{key: metres}``); ``text``: the OpenDRIVE XML."""
@@ -114,6 +137,12 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     if back:
         issues["lanes whose centre line jumps or turns back (broken geometry: traffic on them "
                "jumps or overlaps)"] = back
+    kinks = [_lane(r.key) for r in records
+             if kinked_centre_line(r.points) and not broken_centre_line(r.points)]
+    if kinks:
+        issues[f"lanes whose centre line kinks (over {KINK:.0f} degrees from one 0.5 m step to the "
+               f"next: a width or offset that jumps; vehicles on them swing into the next "
+               f"lane)"] = kinks
     short = short or {}
     zero = [r.key for r in records if _length(r.points) < ZERO_LENGTH]
     zero += [k for k, length in short.items() if length < ZERO_LENGTH]
