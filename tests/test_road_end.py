@@ -1,7 +1,9 @@
-"""An ego whose route ends at an open road end: the autopilot's next route never asks for a
-U-turn onto the opposite lane (it raises RouteError instead), and the driver restarts where no
-actor stands (``clear_start``), not onto one. Both on a constructed two-way road that ends in
-open road ends at both sides (esmini's straight_500m and simple_3way_intersection have such)."""
+"""Networks with open road ends and broken links, as the autopilot meets them. An ego whose route
+ends at an open road end: the autopilot's next route never asks for a U-turn onto the opposite
+lane (it raises RouteError instead), and the driver restarts where no actor stands
+(``clear_start``), not onto one; both on a constructed two-way road with open ends (esmini's
+straight_500m and simple_3way_intersection have such). And at a junction whose approach lane lost
+its link, the autopilot gives way to vehicles on it, as the traffic drives there."""
 
 from __future__ import annotations
 
@@ -72,3 +74,36 @@ def test_clear_start_keeps_away_from_actors():
         assert np.hypot(*(world.v_xy - (x0, y0)).T).min() > 15.0
     # a start this far from every actor does not exist on a 300 m road: wait, do not place
     assert clear_start(world, rng, clear_m=LENGTH) is None
+
+
+def _junction_with_an_unlinked_approach():
+    """A junction (id 1) where our way (B -> C -> D, northwards) crosses lane J (eastwards). J's
+    approach lane A carries no link to it: the file's link was dropped (esmini's
+    multi_lane_3way_intersection: its approach lanes link to their own start). The traffic goes
+    on from A into J all the same (sim.tables.traffic_successors: J starts where A ends)."""
+    def lane(key, p0, p1, junction=-1, succ=()):
+        n = int(np.hypot(p1[0] - p0[0], p1[1] - p0[1]) / 0.5) + 1
+        pts = np.stack([np.linspace(p0[0], p1[0], n), np.linspace(p0[1], p1[1], n)], 1)
+        none = np.zeros(n, np.uint8)
+        return LaneRecord(key=key, points=pts, width=np.full(n, 3.5), mark_left=none,
+                          mark_right=none, junction=junction, successors=list(succ))
+
+    recs = [lane((1, 0, -1), (0.0, 0.0), (100.0, 0.0)),  # A: no successor
+            lane((2, 0, -1), (100.0, 0.0), (130.0, 0.0), junction=1, succ=[(3, 0, -1)]),  # J
+            lane((3, 0, -1), (130.0, 0.0), (230.0, 0.0)),
+            lane((4, 0, -1), (115.0, -115.0), (115.0, -15.0), succ=[(5, 0, -1)]),  # B
+            lane((5, 0, -1), (115.0, -15.0), (115.0, 15.0), junction=1, succ=[(6, 0, -1)]),  # C
+            lane((6, 0, -1), (115.0, 15.0), (115.0, 115.0))]  # D
+    return build_roadmap("unlinked_approach", recs)
+
+
+def test_the_autopilot_gives_way_on_the_links_the_traffic_drives():
+    rm = _junction_with_an_unlinked_approach()
+    a, j = rm.key_index[(1, 0, -1)], rm.key_index[(2, 0, -1)]
+    assert not len(rm.successors(a))  # the map's own links: A is a dead end
+    route = plan_route(rm, (rm.key_index[(4, 0, -1)], 10.0), (rm.key_index[(6, 0, -1)], 80.0))
+    pilot = Autopilot(rm, route)
+    (cr,) = pilot.crossings
+    assert j in cr.conflicts
+    # a vehicle coming up on A is one we give way to (before: no feeder, only one already in J)
+    assert a in cr.feeders and cr.feeders[a][0][2] == [j]

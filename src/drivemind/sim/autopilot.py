@@ -53,7 +53,10 @@ class Autopilot:
                  ego: EgoParams | None = None, target_speed: float = 8.0, lat_accel: float = 2.0,
                  s0: float = 3.0, T: float = 1.4, a: float = 2.0, b: float = 3.5,
                  pass_standing: bool = True):
-        self.map, self.ego = roadmap, ego or EgoParams()
+        # the links the traffic follows (a map whose links leave dead ends, or point back to the
+        # lane's own start, is continued geometrically): the same lanes; the junctions' approach
+        # lanes, which we give way to, are then the ones the traffic comes in on
+        self.map, self.ego = linked_roadmap(roadmap), ego or EgoParams()
         self.pass_standing = pass_standing
         self.passes = 0  # passes started
         self.lane_light = lane_light
