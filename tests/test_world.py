@@ -381,9 +381,10 @@ def test_ego_rear_ends_car_reported_once(grid):
 
 
 def _offroad(rm, x, y, margin, radius=12.0):
+    """Farther than ``margin`` outside every lane near (x, y) (brute force over all points)."""
     d = np.hypot(rm.pts[:, 0] - x, rm.pts[:, 1] - y)
-    p = int(np.argmin(d))
-    return d[p] >= radius or d[p] > rm.width[p] / 2 + margin
+    near = d < radius
+    return not near.any() or (d[near] - rm.width[near] / 2).min() > margin
 
 
 def test_ego_offroad_gives_static_collision_once_per_excursion(grid):
@@ -403,6 +404,34 @@ def test_ego_offroad_gives_static_collision_once_per_excursion(grid):
                 static.append(snap.frame)
     assert static, "driving off the road never produced a STATIC collision"
     assert static == edges, "one STATIC event per departure from the road, at the departure"
+
+
+def test_a_wide_lane_beside_a_narrow_one_is_road(grid):
+    """The ego 3.8 m from a 3.25 m lane's centre (2.2 m outside it) and 3.85 m from the centre of
+    the 12 m lane beside it (inside that one): on the road. The nearest centre point alone (the
+    narrow lane's) said off the road: esmini's parking_demo, whose 12 m parking lanes run beside
+    its driving lanes, gave the expert three STATIC collisions there."""
+    from drivemind.maps.roadmap import LaneRecord, build_roadmap
+
+    xs = np.arange(0.0, 200.0, 0.5)
+    n = len(xs)
+    none = np.zeros(n, np.uint8)
+    narrow = LaneRecord(key=(1, 0, -1), points=np.stack([xs, np.zeros(n)], 1),
+                        width=np.full(n, 3.25), mark_left=none, mark_right=none, junction=-1,
+                        successors=[], right=(1, 0, -2))
+    wide = LaneRecord(key=(1, 0, -2), points=np.stack([xs, np.full(n, -7.625)], 1),
+                      width=np.full(n, 12.0), mark_left=none, mark_right=none, junction=-1,
+                      successors=[], left=(1, 0, -1))
+    rm = build_roadmap("parking_beside", [narrow, wide])
+    world = LiteWorld(rm, SimConfig(vehicles=0, walkers=0))
+    world.reset(0, ego_pose=(50.0, 0.0, 0.0))
+    world.place_ego((100.0, -3.78, 0.0))
+    assert not _offroad(rm, 100.0, -3.78, world.cfg.offroad_margin)
+    snap = world.step((0.0, -1.0))
+    assert not [ev for ev in snap.collisions if ev.other_class == ActorClass.STATIC]
+    world.place_ego((100.0, 4.0, 0.0))  # 2.4 m outside the narrow lane, no lane beyond it
+    snap = world.step((0.0, -1.0))
+    assert [ev for ev in snap.collisions if ev.other_class == ActorClass.STATIC]
 
 
 def test_ego_hits_walker(grid):

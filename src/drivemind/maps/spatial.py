@@ -72,6 +72,38 @@ def nearest_point(origin, cell, nx, ny, start, items, pts, yaw, x, y, qyaw, max_
     return best
 
 
+@nb.njit(cache=True)
+def edge_clearance(origin, cell, nx, ny, start, items, pts, width, x, y, radius):
+    """How far (x, y) lies outside the nearest lane edge: the least, over centre-line points
+    within ``radius``, of its distance to the point minus half the lane's width there (<= 0:
+    on a lane); inf if no point is that near. Unlike the nearest point's own lane, this counts a
+    wide lane whose centre is a little farther than a narrow one's."""
+    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(radius)):
+        return math.inf
+    fx = (x - origin[0]) / cell
+    fy = (y - origin[1]) / cell
+    r = int(radius // cell) + 1
+    if fx < -r - 1 or fy < -r - 1 or fx > nx + r + 1 or fy > ny + r + 1:
+        return math.inf
+    ci = int(math.floor(fx))
+    cj = int(math.floor(fy))
+    best = math.inf
+    r2 = radius * radius
+    for i in range(max(ci - r, 0), min(ci + r + 1, nx)):
+        for j in range(max(cj - r, 0), min(cj + r + 1, ny)):
+            c = i * ny + j
+            for k in range(start[c], start[c + 1]):
+                p = items[k]
+                dx = pts[p, 0] - x
+                dy = pts[p, 1] - y
+                d = dx * dx + dy * dy
+                if d < r2:
+                    g = math.sqrt(d) - 0.5 * width[p]
+                    if g < best:
+                        best = g
+    return best
+
+
 def nearest_lane_point(rm: RoadMap, x: float, y: float, yaw: float | None = None,
                        max_dyaw: float = math.pi / 2, radius: float = 20.0):
     """(lane, s, signed lateral offset [m, + to the right], distance) of the nearest lane point,

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, MarkingType, RoadMap
-from ..maps.spatial import lane_grid, nearest_point
+from ..maps.spatial import edge_clearance, lane_grid, nearest_point
 from . import kernels as K
 from .config import SimConfig
 from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
@@ -663,11 +663,10 @@ class LiteWorld:
         self._ego_contacts = now
         if cfg.offroad_margin is not None:
             rm = self.map
-            p = nearest_point(*self._grid.args(), rm.pts, rm.yaw, e["x"], e["y"], 0.0, 4.0, 12.0)
-            off = True
-            if p >= 0:
-                d = math.hypot(e["x"] - rm.pts[p, 0], e["y"] - rm.pts[p, 1])
-                off = d > rm.width[p] / 2 + cfg.offroad_margin
+            # off the road: farther than the margin outside every lane near it (not only the lane
+            # of the nearest centre point: beside a narrow lane, a wide one's area still counts)
+            off = edge_clearance(*self._grid.args(), rm.pts, rm.width, e["x"], e["y"],
+                                 12.0) > cfg.offroad_margin
             if off and not self._static_contact:
                 events.append(CollisionEvent(-1, ActorClass.STATIC, e["v"], 0.0, e["x"], e["y"]))
             self._static_contact = off
