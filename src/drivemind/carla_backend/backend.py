@@ -28,7 +28,7 @@ import weakref
 
 import numpy as np
 
-from ..maps.spatial import lane_grid, nearest_point
+from ..maps.spatial import lane_grid, nearest_point, off_road
 from ..sim.config import SimConfig
 from ..sim.snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState,
                             TrafficLights, WorldSnapshot)
@@ -489,10 +489,7 @@ class CarlaBackend:
                 events.append(CollisionEvent(-1, ActorClass.STATIC, ego.speed, 0.0, ego.x, ego.y))
         margin = self.cfg.offroad_margin
         if margin is not None:
-            rm = self.map
-            p = nearest_point(*self._grid.args(), rm.pts, rm.yaw, ego.x, ego.y, 0.0, 4.0, 12.0)
-            off = p < 0 or math.hypot(ego.x - rm.pts[p, 0], ego.y - rm.pts[p, 1]) > \
-                rm.width[p] / 2 + margin
+            off = off_road(self.map, ego.x, ego.y, margin)
             if off and not self._static_contact and not any(e.other_id == -1 for e in events):
                 events.append(CollisionEvent(-1, ActorClass.STATIC, ego.speed, 0.0, ego.x, ego.y))
             self._static_contact = off

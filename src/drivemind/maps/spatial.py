@@ -104,6 +104,13 @@ def edge_clearance(origin, cell, nx, ny, start, items, pts, width, x, y, radius)
     return best
 
 
+def off_road(rm: RoadMap, x: float, y: float, margin: float, radius: float = 12.0) -> bool:
+    """Whether (x, y) lies more than ``margin`` m outside every lane near it
+    (:func:`edge_clearance`): the ego's STATIC contact, on every backend."""
+    return edge_clearance(*lane_grid(rm).args(), rm.pts, rm.width, float(x), float(y),
+                          radius) > margin
+
+
 def nearest_lane_point(rm: RoadMap, x: float, y: float, yaw: float | None = None,
                        max_dyaw: float = math.pi / 2, radius: float = 20.0):
     """(lane, s, signed lateral offset [m, + to the right], distance) of the nearest lane point,

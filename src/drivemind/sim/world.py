@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, MarkingType, RoadMap
-from ..maps.spatial import edge_clearance, lane_grid, nearest_point
+from ..maps.spatial import lane_grid, nearest_point, off_road
 from . import kernels as K
 from .config import SimConfig
 from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
@@ -662,11 +662,9 @@ class LiteWorld:
                                              float(pos[j, 0]), float(pos[j, 1])))
         self._ego_contacts = now
         if cfg.offroad_margin is not None:
-            rm = self.map
             # off the road: farther than the margin outside every lane near it (not only the lane
             # of the nearest centre point: beside a narrow lane, a wide one's area still counts)
-            off = edge_clearance(*self._grid.args(), rm.pts, rm.width, e["x"], e["y"],
-                                 12.0) > cfg.offroad_margin
+            off = off_road(self.map, e["x"], e["y"], cfg.offroad_margin)
             if off and not self._static_contact:
                 events.append(CollisionEvent(-1, ActorClass.STATIC, e["v"], 0.0, e["x"], e["y"]))
             self._static_contact = off
