@@ -39,37 +39,62 @@ def lane_grid(rm: RoadMap) -> LaneGrid:
     return grid
 
 
-@nb.njit(cache=True)
-def nearest_point(origin, cell, nx, ny, start, items, pts, yaw, x, y, qyaw, max_dyaw, radius):
-    """Index of the nearest centre-line point within ``radius`` whose heading is within
-    ``max_dyaw`` of ``qyaw`` (pass max_dyaw >= pi to ignore heading); -1 if none."""
+@nb.njit(cache=True, inline="always")
+def _cells(origin, cell, nx, ny, x, y, radius):
+    """The grid cells (i0, i1, j0, j1: half-open ranges) that can hold a point within ``radius``
+    of (x, y); empty (i0 >= i1) when (x, y) is not finite or far outside the map."""
     if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(radius)):
-        return -1
+        return 0, 0, 0, 0
     fx = (x - origin[0]) / cell
     fy = (y - origin[1]) / cell
     r = int(radius // cell) + 1
     if fx < -r - 1 or fy < -r - 1 or fx > nx + r + 1 or fy > ny + r + 1:
-        return -1  # far outside the map
+        return 0, 0, 0, 0
     ci = int(math.floor(fx))
     cj = int(math.floor(fy))
+    return max(ci - r, 0), min(ci + r + 1, nx), max(cj - r, 0), min(cj + r + 1, ny)
+
+
+@nb.njit(cache=True, inline="always")
+def _scan(origin, cell, nx, ny, start, items, pts, yaw, width, x, y, qyaw, max_dyaw, radius,
+          edge):
+    """One pass over the centre-line points within ``radius`` of (x, y): ``edge`` False, the
+    nearest whose heading is within ``max_dyaw`` of ``qyaw`` (index, squared distance); True, the
+    least distance minus half the lane's width there (index, that value)."""
+    i0, i1, j0, j1 = _cells(origin, cell, nx, ny, x, y, radius)
     best = -1
-    bd = radius * radius
-    for i in range(max(ci - r, 0), min(ci + r + 1, nx)):
-        for j in range(max(cj - r, 0), min(cj + r + 1, ny)):
+    r2 = radius * radius
+    bd = math.inf if edge else r2
+    for i in range(i0, i1):
+        for j in range(j0, j1):
             c = i * ny + j
             for k in range(start[c], start[c + 1]):
                 p = items[k]
                 dx = pts[p, 0] - x
                 dy = pts[p, 1] - y
                 d = dx * dx + dy * dy
-                if d < bd:
+                if edge:
+                    if d < r2:
+                        g = math.sqrt(d) - 0.5 * width[p]
+                        if g < bd:
+                            bd = g
+                            best = p
+                elif d < bd:
                     if max_dyaw < math.pi:
                         dyaw = abs((yaw[p] - qyaw + math.pi) % (2 * math.pi) - math.pi)
                         if dyaw > max_dyaw:
                             continue
                     bd = d
                     best = p
-    return best
+    return best, bd
+
+
+@nb.njit(cache=True)
+def nearest_point(origin, cell, nx, ny, start, items, pts, yaw, x, y, qyaw, max_dyaw, radius):
+    """Index of the nearest centre-line point within ``radius`` whose heading is within
+    ``max_dyaw`` of ``qyaw`` (pass max_dyaw >= pi to ignore heading); -1 if none."""
+    return _scan(origin, cell, nx, ny, start, items, pts, yaw, yaw, x, y, qyaw, max_dyaw, radius,
+                 False)[0]
 
 
 @nb.njit(cache=True)
@@ -78,30 +103,8 @@ def edge_clearance(origin, cell, nx, ny, start, items, pts, width, x, y, radius)
     within ``radius``, of its distance to the point minus half the lane's width there (<= 0:
     on a lane); inf if no point is that near. Unlike the nearest point's own lane, this counts a
     wide lane whose centre is a little farther than a narrow one's."""
-    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(radius)):
-        return math.inf
-    fx = (x - origin[0]) / cell
-    fy = (y - origin[1]) / cell
-    r = int(radius // cell) + 1
-    if fx < -r - 1 or fy < -r - 1 or fx > nx + r + 1 or fy > ny + r + 1:
-        return math.inf
-    ci = int(math.floor(fx))
-    cj = int(math.floor(fy))
-    best = math.inf
-    r2 = radius * radius
-    for i in range(max(ci - r, 0), min(ci + r + 1, nx)):
-        for j in range(max(cj - r, 0), min(cj + r + 1, ny)):
-            c = i * ny + j
-            for k in range(start[c], start[c + 1]):
-                p = items[k]
-                dx = pts[p, 0] - x
-                dy = pts[p, 1] - y
-                d = dx * dx + dy * dy
-                if d < r2:
-                    g = math.sqrt(d) - 0.5 * width[p]
-                    if g < best:
-                        best = g
-    return best
+    return _scan(origin, cell, nx, ny, start, items, pts, width, width, x, y, 0.0, 4.0, radius,
+                 True)[1]
 
 
 def off_road(rm: RoadMap, x: float, y: float, margin: float, radius: float = 12.0) -> bool:
