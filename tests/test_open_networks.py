@@ -360,3 +360,25 @@ def test_a_lane_whose_centre_line_kinks_is_warned():
     assert issues[kind] == ["road 7 lane 1"]
     rec.points = bay
     assert not any("kinks" in k for k in find_issues([rec]))
+
+
+def test_a_vehicle_is_never_put_back_onto_a_walker():
+    """A vehicle that left the network (or stood too long) is put back at a spawn point no walker
+    is within 6 m of (esmini's jolengatan at drivevlm: a bicycle put back at a crossing met three
+    walkers at once)."""
+    from drivemind.sim.world import RESPAWN_WALKER_GAP
+
+    rm = bays_road()
+    world = LiteWorld(rm, SimConfig(vehicles=1, walkers=0, offroad_margin=None))
+    world.reset(seed=0, ego_pose=(0.0, 300.0, 0.0))
+    far = np.flatnonzero(np.hypot(rm.spawn[:, 0], rm.spawn[:, 1] - 300.0) > 40.0)
+    keep = int(far[len(far) // 2])
+    others = np.hypot(*(rm.spawn[:, :2] - rm.spawn[keep, :2]).T) > 10.0
+    world.w_xy = rm.spawn[others, :2] + 1.0  # a walker 1.4 m from every spawn point not near keep
+    assert (~others).sum() >= 2  # keep and its neighbour on the next lane, 3.5 m off
+    world.v_xy[0] = (1e4, 1e4)  # the vehicle's own place does not count
+    assert np.hypot(*(rm.spawn[world._respawn(0), :2] - rm.spawn[keep, :2])) <= 10.0
+    world.w_xy = rm.spawn[:, :2].copy()
+    assert world._respawn(0) is None  # every one taken: it waits for a free one
+    world.w_xy = rm.spawn[:, :2] + RESPAWN_WALKER_GAP + 0.5  # diagonal: 9.2 m off
+    assert world._respawn(0) is not None

@@ -362,3 +362,51 @@ def test_gridlock_round_a_block_is_broken_by_the_wait_cycle_detector(caplog):
     assert (moved > 5.0).all()  # every vehicle of the ring got going again
     assert world.npc_max_stuck_s < 55.0
     assert world.npc_collision_total == 0
+
+
+def test_no_lane_change_into_a_lane_a_vehicle_is_still_leaving():
+    """A car has just changed from the right lane into the left one, still 2.4 m over to the
+    right (its body mostly in the right lane), and brakes; the bicycle behind it on the left lane
+    wants the right lane, which by lane index is empty. Moving over there it would meet the car
+    half way (esmini's velodrome at drivevlm: two NPC contacts). It waits until the car is
+    across."""
+    from drivemind.maps.roadmap import LaneRecord, build_roadmap
+    from drivemind.sim import SimConfig
+    from drivemind.sim import kernels as K
+    from drivemind.sim.config import TrafficParams
+    from drivemind.sim.snapshot import ActorClass
+    from drivemind.sim.world import LiteWorld
+
+    xs = np.linspace(0.0, 500.0, 60)
+    n = len(xs)
+    none = np.zeros(n, np.uint8)
+    left = LaneRecord(key=(1, 0, -1), points=np.stack([xs, np.zeros(n)], 1),
+                      width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
+                      successors=[], right=(1, 0, -2))
+    right = LaneRecord(key=(1, 0, -2), points=np.stack([xs, np.full(n, -3.5)], 1),
+                       width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
+                       successors=[], left=(1, 0, -1))
+    rm = build_roadmap("two_lanes", [left, right])
+    L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    world = LiteWorld(rm, SimConfig(vehicles=1, bicycles=1, offroad_margin=None,
+                                    traffic=TrafficParams(signals="none", stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(450.0, 60.0, 0.0))
+    assert len(world.v_lane) == 2
+    # car 0: on the left lane since a moment, 2.4 m to the right of its centre; bicycle 1 behind
+    for i, (c, s, v, hl, hw) in enumerate([(ActorClass.CAR, 118.5, 1.0, 2.3, 0.95),
+                                           (ActorClass.BICYCLE, 116.5, 3.0, 0.9, 0.35)]):
+        world.v_cls[i] = int(c)
+        world.v_hl[i], world.v_hw[i] = hl, hw
+        world.v_lane[i], world.v_s[i], world.v_v[i] = L, s, v
+        world.v_path[i] = -1
+        world.v_path[i, 0] = L
+        world.v_lctimer[i] = 10.0
+    world.v_lat[0], world.v_lcfrom[0], world.v_lctimer[0] = -2.4, R, 0.0
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    changed_beside = False
+    for _ in range(60):
+        world.step((0.0, -1.0))
+        if world.v_lane[1] == R and world.v_lat[0] != 0.0:
+            changed_beside = True
+    assert world.npc_collision_total == 0
+    assert not changed_beside

@@ -968,6 +968,21 @@ def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
 
 
 @nb.njit(cache=True)
+def _leaving_beside(lane, s, hl, lat, lcfrom, length, n, target, s_t, reach, skip):
+    """Whether a vehicle changing lanes out of lane ``target`` (not yet across: its lateral
+    offset still puts it partly there) is within ``reach`` plus its half length of ``s_t`` along
+    ``target``. :func:`_neighbours_on` sees it on its new lane only; a vehicle moving into
+    ``target`` beside it would swap lanes with it and meet it half way."""
+    for j in range(n):
+        if j == skip or lcfrom[j] != target or lat[j] == 0.0:
+            continue
+        sj = s[j] * length[target] / max(length[lane[j]], 1e-3)  # its place along target
+        if abs(sj - s_t) < reach + hl[j]:
+            return True
+    return False
+
+
+@nb.njit(cache=True)
 def _taper_ahead(taper_stop, offset, ds, li, s):
     """Where lane ``li`` next becomes too narrow ahead of arc length ``s`` (world.taper_stops)."""
     n = offset[li + 1] - offset[li]
@@ -1020,6 +1035,8 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
             st = s[i] * ratio
             if length[nb_] - st < 12.0 + 4.0 * v[i]:
                 continue
+            if _leaving_beside(lane, s, hl, lat, lcfrom, length, n, nb_, st, hl[i] + s0, i):
+                continue  # one still moving out of that lane beside us (two would swap lanes)
             na, nva, nbk, nvb, nf = _neighbours_on(lane, s, v, hl, n, nb_, st + hl[i], i)
             nbk -= 2.0 * hl[i]  # gaps measured from our front; behind: from our rear
             # the ego on that lane (by its lane), or near where we would be

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
 LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1 s)
 CYCLE_EVERY = 10  # steps between looks for waits-for cycles (1 Hz with dt = 0.1 s)
+RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is put back at (a car's
+#                           half length plus a walker's reach: never onto one crossing there)
 
 # per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
@@ -310,12 +312,18 @@ class LiteWorld:
 
     def _respawn(self, i: int) -> int | None:
         """Move vehicle ``i`` to a free spawn point (over 40 m from the ego, ``spawn_gap`` from
-        every vehicle) at rest with a new path; returns the spawn point, None if none is free."""
+        every vehicle, ``RESPAWN_WALKER_GAP`` from every walker) at rest with a new path; returns
+        the spawn point, None if none is free."""
         rm, gap = self.map, self.cfg.traffic.spawn_gap
         far = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"]) > 40.0
         d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
                      rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
-        free = np.flatnonzero(far & (d >= gap))
+        ok = far & (d >= gap)
+        if len(self.w_xy):  # nor onto a walker (one crossing there, or waiting at the kerb)
+            dw = np.hypot(rm.spawn[:, None, 0] - self.w_xy[None, :, 0],
+                          rm.spawn[:, None, 1] - self.w_xy[None, :, 1]).min(axis=1)
+            ok &= dw >= RESPAWN_WALKER_GAP
+        free = np.flatnonzero(ok)
         if not len(free):
             return None  # nowhere to go now; try again next step
         k = int(free[self.rng.integers(len(free))])
