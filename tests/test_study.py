@@ -406,6 +406,7 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.overtake": "never",  # docs/simulator.md, "Overtaking in the oncoming lane"
     "sim.traffic.max_green": None,  # docs/simulator.md, "Traffic lights" (None: green, 10 s)
     "sim.traffic.walker_velocity": "crossing",  # docs/simulator.md, "Walkers"
+    "sim.traffic.walker_anticipate": 0.0,  # docs/simulator.md, "Walkers"
 }
 
 

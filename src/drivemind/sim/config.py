@@ -87,6 +87,10 @@ class TrafficParams:
     #                                 it); crossing: its walking speed while in a crossing (even
     #                                 when it stands for a car), 0 otherwise (the behaviour
     #                                 before; the study pins it)
+    walker_anticipate: float = 1.5  # s: a background vehicle keeps clear of where a crossing walker
+    #                                 will be this soon at its pace and heading, not only of where
+    #                                 it is; 0: only where it is (the behaviour before; the study
+    #                                 pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -98,7 +102,7 @@ class TrafficParams:
 # these, and a study run trained before they existed (its config lacks them) is evaluated with them
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
 STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
-                 "walker_velocity": "crossing"}
+                 "walker_velocity": "crossing", "walker_anticipate": 0.0}
 
 
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
@@ -146,6 +150,11 @@ class SimConfig:
         if self.traffic.walker_velocity not in WALKER_VELOCITY:
             raise ValueError(f"traffic.walker_velocity must be one of {', '.join(WALKER_VELOCITY)}; "
                              f"got {self.traffic.walker_velocity!r}")
+        wa = self.traffic.walker_anticipate
+        if isinstance(wa, bool) or not isinstance(wa, numbers.Real) or not (math.isfinite(wa)
+                                                                            and wa >= 0):
+            raise ValueError(f"traffic.walker_anticipate must be a non-negative number of seconds "
+                             f"(0: react to where a walker is only), got {wa!r}")
         if not (math.isfinite(self.traffic.release_margin) and self.traffic.release_margin >= 0):
             raise ValueError(f"traffic.release_margin must be a non-negative number of metres, got "
                              f"{self.traffic.release_margin!r}")
