@@ -388,7 +388,7 @@ def traffic_step(
     light_state,
     # ego and walkers as obstacles
     ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj,
-    walker_xy, walker_on_road, walker_ahead,
+    walker_xy, walker_on_road, walker_yaw, walker_speed, walker_anticipate,
     rnd,
     # params
     s0, T, bmax, lookahead, req_extra,
@@ -639,10 +639,11 @@ def traffic_step(
                 claimer[ncl] = i
                 ncl += 1
     # ---- pass 3: IDM acceleration
-    # walkers near the vehicle under consideration: each crossing one where it is and along its
-    # way for the next traffic.walker_anticipate seconds (walker_ahead), as circles 0.9 m round
-    wbuf = np.empty((3 * walker_xy.shape[0], 2))
-    wrad = np.full(3 * walker_xy.shape[0], 0.9)
+    # walkers near the vehicle under consideration: each crossing one where it is and where it
+    # will be traffic.walker_anticipate s on at its pace and heading, as circles 0.9 m round (at
+    # most 2.25 m apart: the corridor's reach, over 1.6 m, covers the way between them)
+    wbuf = np.empty((2 * walker_xy.shape[0], 2))
+    wrad = np.full(2 * walker_xy.shape[0], 0.9)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -765,9 +766,13 @@ def traffic_step(
                 dx = walker_xy[w, 0] - xy[i, 0]
                 dy = walker_xy[w, 1] - xy[i, 1]
                 if dx * dx + dy * dy < (lookahead * 0.6) ** 2:
-                    for f in range(3):  # now, half way, and walker_anticipate s on
-                        wbuf[q, 0] = walker_xy[w, 0] + 0.5 * f * (walker_ahead[w, 0] - walker_xy[w, 0])
-                        wbuf[q, 1] = walker_xy[w, 1] + 0.5 * f * (walker_ahead[w, 1] - walker_xy[w, 1])
+                    wbuf[q, 0] = walker_xy[w, 0]
+                    wbuf[q, 1] = walker_xy[w, 1]
+                    q += 1
+                    if walker_anticipate > 0.0:
+                        step = walker_speed[w] * walker_anticipate
+                        wbuf[q, 0] = walker_xy[w, 0] + step * math.cos(walker_yaw[w])
+                        wbuf[q, 1] = walker_xy[w, 1] + step * math.sin(walker_yaw[w])
                         q += 1
         if q > 0:
             g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw_c, wbuf[:q],

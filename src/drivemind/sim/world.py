@@ -539,7 +539,7 @@ class LiteWorld:
                 self.light_state,
                 ego_xy, e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj,
-                self.w_xy, walking, self._walkers_ahead(walking),
+                self.w_xy, walking, self.w_yaw, self.w_speed, tp.walker_anticipate,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
@@ -688,12 +688,6 @@ class LiteWorld:
         self._npc_contacts = pairs
         self.npc_collision_total += new
         return events, new
-
-    def _walkers_ahead(self, walking: np.ndarray) -> np.ndarray:
-        """Where each walker will be ``traffic.walker_anticipate`` s from now at its walking speed
-        along its heading (where it is, for one not walking, or with the setting at 0)."""
-        step = np.where(walking, self.w_speed * self.cfg.traffic.walker_anticipate, 0.0)
-        return self.w_xy + np.stack([np.cos(self.w_yaw), np.sin(self.w_yaw)], 1) * step[:, None]
 
     def _walker_speed(self, w: int) -> float:
         """Walker w's speed as the snapshot reports it (``traffic.walker_velocity``)."""
