@@ -107,3 +107,30 @@ def test_the_autopilot_gives_way_on_the_links_the_traffic_drives():
     assert j in cr.conflicts
     # a vehicle coming up on A is one we give way to (before: no feeder, only one already in J)
     assert a in cr.feeders and cr.feeders[a][0][2] == [j]
+
+
+@pytest.mark.parametrize("towards, in_the_way", [(True, True), (False, False)])
+def test_the_autopilot_keeps_clear_of_where_a_walker_is_going(towards, in_the_way):
+    """A walker 3 m beside the route 15 m ahead, walking at 1.4 m/s towards it: not in the
+    corridor yet, but in 1.5 s it is, so the autopilot brakes for it now (seen only where it was,
+    one stepping in from the side entered the corridor too late to stop: Town05 drivevlm seed 1,
+    an ego-walker contact). Walking away from the route, it is no obstacle."""
+    from dataclasses import replace
+
+    from drivemind.sim.snapshot import ActorClass, Actors
+
+    rm = _two_way_road()
+    fwd = rm.key_index[FWD]
+    route = plan_route(rm, (fwd, 50.0), (fwd, 250.0))
+    world = LiteWorld(rm, SimConfig(vehicles=0, walkers=0, offroad_margin=None))
+    snap = world.reset(seed=0, ego_pose=route.start)
+    pilot = Autopilot(rm, route)
+    pilot.tracker.locate(snap.ego.x, snap.ego.y)
+    x0, y0, _ = route.start
+    vy = 1.4 if towards else -1.4  # the route runs along +x at y = 0; the walker is at y = -3
+    walker = Actors(np.array([10001]), np.array([int(ActorClass.WALKER)], np.int8),
+                    np.array([[x0 + 15.0, y0 - 3.0]]), np.array([math.pi / 2 if towards else -math.pi / 2]),
+                    np.array([[0.3, 0.3]]), np.array([[0.0, vy]]))
+    snap = replace(snap, actors=walker)
+    gap = pilot._corridor_gap(snap, float(route.cum[pilot.idx]))
+    assert (gap < 20.0) == in_the_way

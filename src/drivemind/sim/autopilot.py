@@ -26,7 +26,7 @@ from ..maps.spatial import lane_grid, nearest_point
 from .config import EgoParams, SimConfig
 from .kernels import obb_overlap
 from .tables import linked_roadmap
-from .snapshot import VEHICLE_CLASSES, LightState, WorldSnapshot
+from .snapshot import VEHICLE_CLASSES, ActorClass, Actors, LightState, WorldSnapshot
 from .tracking import RouteTracker, corridor_lead, lane_changes, next_stop, route_stops
 from .world import LiteWorld
 
@@ -44,6 +44,10 @@ PASS_OFFSET = 2.75  # m: the most we move over (inside the env's 3 m off-route l
 PASS_SIDE = 0.3  # m: planned side clearance to the actor we pass (less: no pass)
 PASS_BACK = 12.0  # m over which we move back in, ending this far past the standing actor + 3 m
 PASS_CLEAR = 10.0  # m past the end of the pass with no junction, stop line or lane change
+WALKER_AHEAD = 1.5  # s: we keep clear of where a walker on the move will be this soon (as the
+#                     traffic does, traffic.walker_anticipate): seen only where it was, a walker
+#                     stepping in from the side entered our corridor too late to stop (Town05
+#                     drivevlm seed 1)
 _VEHICLE = np.zeros(256, bool)  # indexed by ActorClass code
 _VEHICLE[[int(c) for c in VEHICLE_CLASSES]] = True
 
@@ -215,10 +219,13 @@ class Autopilot:
             route = self._pass["path"]
             k = np.flatnonzero(snap.actors.id == self._pass["id"])
             ignore = int(k[0]) if len(k) else -1
-        gap, who = corridor_lead(route, self.idx, here, e.x, e.y, snap.actors, p.length / 2,
+        actors, moving = _walkers_ahead(snap.actors)
+        gap, who = corridor_lead(route, self.idx, here, e.x, e.y, actors, p.length / 2,
                                  p.width / 2, horizon=40.0, search=45.0, measure="entry",
                                  ignore=ignore, parallel_reach=True,
                                  in_junction=self.in_junction)
+        if who >= len(snap.actors):
+            who = int(moving[who - len(snap.actors)])  # where a walker will be: that walker
         if self.pass_standing and self._pass is None:
             if who >= 0 and math.hypot(*snap.actors.velocity[who]) < 0.3:
                 aid = int(snap.actors.id[who])
@@ -588,6 +595,21 @@ def autopilot_episode(rm: RoadMap, config: SimConfig, seed: int, max_length: flo
     route = random_route(rm, rng, max_length=max_length)
     snap = world.reset(seed=seed, ego_pose=route.start)
     return world, rng, snap, Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+
+
+def _walkers_ahead(act: Actors) -> tuple[Actors, np.ndarray]:
+    """``act`` plus one row for each walker on the move (over 0.3 m/s): where it will be
+    ``WALKER_AHEAD`` s on at its velocity; and the indices of those walkers (row
+    ``len(act) + q`` is walker ``moving[q]``)."""
+    speed = np.hypot(act.velocity[:, 0], act.velocity[:, 1])
+    moving = np.flatnonzero((act.cls == int(ActorClass.WALKER)) & (speed > 0.3))
+    if not len(moving):
+        return act, moving
+    ahead = act.pos[moving] + act.velocity[moving] * WALKER_AHEAD
+    return Actors(np.concatenate([act.id, act.id[moving]]), np.concatenate([act.cls, act.cls[moving]]),
+                  np.concatenate([act.pos, ahead]), np.concatenate([act.yaw, act.yaw[moving]]),
+                  np.concatenate([act.extent, act.extent[moving]]),
+                  np.concatenate([act.velocity, act.velocity[moving]])), moving
 
 
 def spawn_ahead(rm: RoadMap, x: float, y: float, yaw: float, max_turn: float = math.pi / 4):
