@@ -370,23 +370,15 @@ def test_no_lane_change_into_a_lane_a_vehicle_is_still_leaving():
     wants the right lane, which by lane index is empty. Moving over there it would meet the car
     half way (esmini's velodrome at drivevlm: two NPC contacts). It waits until the car is
     across."""
-    from drivemind.maps.roadmap import LaneRecord, build_roadmap
+    from straight_roads import side_by_side
+
     from drivemind.sim import SimConfig
     from drivemind.sim import kernels as K
     from drivemind.sim.config import TrafficParams
     from drivemind.sim.snapshot import ActorClass
     from drivemind.sim.world import LiteWorld
 
-    xs = np.linspace(0.0, 500.0, 60)
-    n = len(xs)
-    none = np.zeros(n, np.uint8)
-    left = LaneRecord(key=(1, 0, -1), points=np.stack([xs, np.zeros(n)], 1),
-                      width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
-                      successors=[], right=(1, 0, -2))
-    right = LaneRecord(key=(1, 0, -2), points=np.stack([xs, np.full(n, -3.5)], 1),
-                       width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
-                       successors=[], left=(1, 0, -1))
-    rm = build_roadmap("two_lanes", [left, right])
+    rm = side_by_side("two_lanes", 500.0, [(0.0, 3.5), (-3.5, 3.5)], step=500.0 / 59)
     L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
     world = LiteWorld(rm, SimConfig(vehicles=1, bicycles=1, offroad_margin=None,
                                     traffic=TrafficParams(signals="none", stuck_respawn=None)))

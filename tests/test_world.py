@@ -411,18 +411,9 @@ def test_a_wide_lane_beside_a_narrow_one_is_road(grid):
     the 12 m lane beside it (inside that one): on the road. The nearest centre point alone (the
     narrow lane's) said off the road: esmini's parking_demo, whose 12 m parking lanes run beside
     its driving lanes, gave the expert three STATIC collisions there."""
-    from drivemind.maps.roadmap import LaneRecord, build_roadmap
+    from straight_roads import side_by_side
 
-    xs = np.arange(0.0, 200.0, 0.5)
-    n = len(xs)
-    none = np.zeros(n, np.uint8)
-    narrow = LaneRecord(key=(1, 0, -1), points=np.stack([xs, np.zeros(n)], 1),
-                        width=np.full(n, 3.25), mark_left=none, mark_right=none, junction=-1,
-                        successors=[], right=(1, 0, -2))
-    wide = LaneRecord(key=(1, 0, -2), points=np.stack([xs, np.full(n, -7.625)], 1),
-                      width=np.full(n, 12.0), mark_left=none, mark_right=none, junction=-1,
-                      successors=[], left=(1, 0, -1))
-    rm = build_roadmap("parking_beside", [narrow, wide])
+    rm = side_by_side("parking_beside", 200.0, [(0.0, 3.25), (-7.625, 12.0)])
     world = LiteWorld(rm, SimConfig(vehicles=0, walkers=0))
     world.reset(0, ego_pose=(50.0, 0.0, 0.0))
     world.place_ego((100.0, -3.78, 0.0))
