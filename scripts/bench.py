@@ -516,7 +516,7 @@ def bench_sim(args) -> dict:
     from drivemind.maps import load_town
     from drivemind.maps.routing import RouteError
     from drivemind.sim import SimConfig, density_config
-    from drivemind.sim.autopilot import autopilot_episode, clear_start
+    from drivemind.sim.autopilot import autopilot_episode
 
     pinned = pin_one_core() if args.cores == 1 else False
     rm = load_town(args.town)
@@ -569,13 +569,10 @@ def bench_sim(args) -> dict:
                 waiting = True
         if waiting:
             ego_wait_s += world.cfg.dt
-            if step % 10 == 0:  # once a simulated second: a start no actor is near
-                r = clear_start(world, rng)
-                if r is not None:
-                    pilot.set_route(r)
-                    world.place_ego(r.start)
-                    ego_restarts += 1
-                    waiting = False
+            # once a simulated second: a start no actor is near
+            if step % 10 == 0 and pilot.restart_elsewhere(world, rng):
+                ego_restarts += 1
+                waiting = False
     t_all = time.perf_counter() - t_all
     return {
         "what": "sim", "backend": "lite", "town": rm.name, "density": args.density, "seed": args.seed,

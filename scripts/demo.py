@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from drivemind.maps import load_town  # noqa: E402
 from drivemind.sim import density_config  # noqa: E402
 from drivemind.maps.routing import RouteError  # noqa: E402
-from drivemind.sim.autopilot import autopilot_episode, clear_start  # noqa: E402
+from drivemind.sim.autopilot import autopilot_episode  # noqa: E402
 from drivemind.viz import TopDown, strip  # noqa: E402
 
 
@@ -55,12 +55,8 @@ def main(argv=None) -> dict:
                 pilot.new_route_from(rng, snap.ego.x, snap.ego.y, max_length=1500)
             except RouteError:
                 waiting = True
-        if waiting and k % 10 == 0:
-            r = clear_start(world, rng)
-            if r is not None:
-                pilot.set_route(r)
-                world.place_ego(r.start)
-                waiting = False
+        if waiting and k % 10 == 0 and pilot.restart_elsewhere(world, rng):
+            waiting = False
         if k % every == 0:
             title = f"{rm.name} {args.density}  t={snap.time:5.1f}s  v={snap.ego.speed * 3.6:4.1f} km/h"
             frames.append(view.frame(snap, pilot.route, title))

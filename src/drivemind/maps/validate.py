@@ -3,7 +3,8 @@
 A network can parse and still be broken in ways that make vehicles vanish, stop or meet: links to
 roads or junctions that do not exist, lanes that point to lanes the loader could not read, lanes of
 zero length, lanes whose centre line kinks, junctions with no connecting lanes.
-:func:`find_issues` lists them; :func:`warn_issues` (called by :func:`drivemind.maps.opendrive.load_xodr_text`) emits one :class:`MapWarning` per kind.
+:func:`find_issues` lists them; :func:`warn_issues` (called by
+:func:`drivemind.maps.opendrive.load_xodr_text`) emits one :class:`MapWarning` per kind.
 """
 
 from __future__ import annotations

@@ -139,6 +139,17 @@ class Autopilot:
         self.set_route(route)
         return self.route
 
+    def restart_elsewhere(self, world: LiteWorld, rng: np.random.Generator) -> bool:
+        """After :meth:`new_route_from` raised :class:`RouteError` (an open road end): take a
+        random route whose start no actor is near (:func:`clear_start`) and move the ego there;
+        False when there is none now (the ego waits, and the caller asks again later)."""
+        route = clear_start(world, rng)
+        if route is None:
+            return False
+        self.set_route(route)
+        world.place_ego(route.start)
+        return True
+
     @property
     def idx(self) -> int:
         """The route point we are at (:meth:`RouteTracker.locate`)."""

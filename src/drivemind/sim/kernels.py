@@ -788,7 +788,8 @@ def traffic_step(
                 gap = g
                 vl = 0.0
                 src = BLOCKED_LIGHT if light_block[i] else rej[i]
-        # a lane that ends in a taper (it merges into its neighbour): nobody drives into it
+        # where the lane narrows ahead (a taper: it merges into its neighbour, or closes up):
+        # nobody drives into it
         ts = _taper_ahead(taper_stop, offset, ds, lane[i], s[i])
         if ts < INF:
             g = ts - s[i] - hl[i]
