@@ -407,6 +407,7 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.max_green": None,  # docs/simulator.md, "Traffic lights" (None: green, 10 s)
     "sim.traffic.walker_velocity": "crossing",  # docs/simulator.md, "Walkers"
     "sim.traffic.walker_anticipate": 0.0,  # docs/simulator.md, "Walkers"
+    "sim.traffic.ego_turn": None,  # docs/simulator.md, "Junction right of way"
 }
 
 

@@ -91,6 +91,12 @@ class TrafficParams:
     #                                 will be this soon at its pace and heading, not only of where
     #                                 it is; 0: only where it is (the behaviour before; the study
     #                                 pins it)
+    ego_turn: float | None = 15.0  # s the ego has stood at a junction's stop line (first on its
+    #                                lane, its light not red) before the traffic gives it its turn:
+    #                                no vehicle is granted a way crossing the ego's for the next
+    #                                EGO_TURN_HOLD s (kernels), as a background vehicle that has
+    #                                waited STARVE_WAIT s is served; None: never (the behaviour
+    #                                before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -102,7 +108,8 @@ class TrafficParams:
 # these, and a study run trained before they existed (its config lacks them) is evaluated with them
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
 STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
-                 "walker_velocity": "crossing", "walker_anticipate": 0.0}
+                 "walker_velocity": "crossing", "walker_anticipate": 0.0,
+                 "ego_turn": None}
 
 
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
@@ -155,6 +162,11 @@ class SimConfig:
                                                                             and wa >= 0):
             raise ValueError(f"traffic.walker_anticipate must be a non-negative number of seconds "
                              f"(0: react to where a walker is only), got {wa!r}")
+        et = self.traffic.ego_turn
+        if et is not None and (isinstance(et, bool) or not isinstance(et, numbers.Real)
+                               or not (math.isfinite(et) and et > 0)):
+            raise ValueError(f"traffic.ego_turn must be a positive number of seconds or None "
+                             f"(never: the ego waits for a gap however long), got {et!r}")
         if not (math.isfinite(self.traffic.release_margin) and self.traffic.release_margin >= 0):
             raise ValueError(f"traffic.release_margin must be a non-negative number of metres, got "
                              f"{self.traffic.release_margin!r}")

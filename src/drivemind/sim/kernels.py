@@ -22,6 +22,8 @@ BLOCKED_EGO = -4  # the ego
 # about 45 degrees) cross on two levels (a bridge: the map is flat here): no contact, no waiting
 GRADE_SEPARATED_COS = 0.7
 STARVE_WAIT = 15.0  # s a vehicle waits for its junction before crossing ways stop being granted
+EGO_TURN_HOLD = 30.0  # s no way crossing the ego's is granted once the ego has its turn at a
+#                       junction (traffic.ego_turn; world.LiteWorld._ego_turn)
 # overtaking in the oncoming lane (traffic.overtake; :func:`overtakes`)
 OTK_OFF, OTK_OUT, OTK_BACK, OTK_FALL = 0, 1, 2, 3  # overtake states (world.v_otk)
 OVERTAKE_END = 20.0  # m: an overtake must be back in its lane this far before the lane's end
@@ -387,7 +389,7 @@ def traffic_step(
     # lights
     light_state,
     # ego and walkers as obstacles
-    ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj,
+    ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj, ego_turn,
     walker_xy, walker_on_road, walker_yaw, walker_speed, walker_anticipate,
     rnd,
     # params
@@ -477,11 +479,14 @@ def traffic_step(
     # the ego coming up to a junction, first on its lane and too fast or too close to stop short of
     # it (unless it faces a red light), claims every connector it may take: none crossing them is
     # granted meanwhile
+    # (so does the ego standing at the stop line when it has its turn: ``ego_turn``, from
+    # traffic.ego_turn; without it a busy junction can keep it waiting for a gap for good, and
+    # the queue behind it with it)
     ego_coming = False
-    if ego_lane >= 0 and junction[ego_lane] < 0 and ego_v > 0.5:
+    if ego_lane >= 0 and junction[ego_lane] < 0 and (ego_v > 0.5 or ego_turn):
         li = lane_light[ego_lane]
-        if (li < 0 or light_state[li] != 2) and \
-                length[ego_lane] - ego_s - ego_r < ego_v * ego_v / 6.0 + 3.0:
+        if ego_turn or ((li < 0 or light_state[li] != 2) and
+                        length[ego_lane] - ego_s - ego_r < ego_v * ego_v / 6.0 + 3.0):
             ego_coming = True
             for j in range(n):
                 if lane[j] == ego_lane and s[j] > ego_s:

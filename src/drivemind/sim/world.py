@@ -35,6 +35,8 @@ LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1
 CYCLE_EVERY = 10  # steps between looks for waits-for cycles (1 Hz with dt = 0.1 s)
 RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is put back at (a car's
 #                           half length plus a walker's reach: never onto one crossing there)
+EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it stands at the
+#                       stop line (traffic.ego_turn)
 
 # per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
@@ -135,6 +137,10 @@ class LiteWorld:
         self._ego_jlanes = np.full(16, -1, np.int64)
         self._ego_lane = -1  # junction lanes the ego may be on
         self._lane_junction, self._lane_length = roadmap.junction.tolist(), roadmap.length.tolist()
+        # lanes leading into a junction (traffic.ego_turn)
+        self._into_junction = [bool(roadmap.junction[lane] < 0 and any(
+            q >= 0 and roadmap.junction[q] >= 0 for q in self.succ[lane]))
+            for lane in range(len(roadmap.length))]
         self._m = (roadmap.offset, roadmap.ds, roadmap.length, roadmap.pts, roadmap.yaw)
         self.frame = 0
         self.time = 0.0
@@ -142,6 +148,7 @@ class LiteWorld:
         self._ego_contacts: set[int] = set()
         self._npc_contacts: set[int] = set()
         self._static_contact = False
+        self._ego_wait = 0.0  # s the ego has stood at a junction's stop line (traffic.ego_turn)
         self.npc_collision_total = 0
         self.npc_respawns = 0  # vehicles moved by the last-resort respawn
         self.npc_exits = 0  # vehicles that reached a dead end and were put back at a spawn point
@@ -192,6 +199,7 @@ class LiteWorld:
         self._ego_contacts.clear()
         self._npc_contacts.clear()
         self._static_contact = False
+        self._ego_wait = 0.0
         self.npc_collision_total = 0
         self.npc_respawns = 0
         self.npc_exits = 0
@@ -482,6 +490,25 @@ class LiteWorld:
             self.w_state[w] = 0
 
     # ------------------------------------------------------------------ step
+    def _ego_turn(self, dt: float, ego_lane: int, ego_s: float, ehl: float) -> bool:
+        """Whether the ego has its turn at a junction now (traffic.ego_turn): it has stood that
+        long at the junction's stop line, its light (if any) not red or yellow, and the turn's
+        EGO_TURN_HOLD s are not over. The clock restarts once the ego moves or leaves the stop
+        line, so an ego that still stands after its turn does not hold the traffic again."""
+        turn = self.cfg.traffic.ego_turn
+        if turn is None:
+            return False
+        if (ego_lane >= 0 and self.ego["v"] < 0.5 and self._into_junction[ego_lane]
+                and self._lane_length[ego_lane] - ego_s - ehl < EGO_TURN_REACH):
+            li = self.lights.lane_light[ego_lane]
+            if li < 0 or self.light_state[li] in (LightState.GREEN, LightState.OFF):
+                self._ego_wait += dt
+            else:
+                self._ego_wait = 0.0  # its wait starts at green
+        else:
+            self._ego_wait = 0.0
+        return turn <= self._ego_wait < turn + K.EGO_TURN_HOLD
+
     def step(self, action) -> WorldSnapshot:
         steer, tb = validate_action(action)
         cfg, tp, dt = self.cfg, self.cfg.traffic, self.cfg.dt
@@ -496,6 +523,7 @@ class LiteWorld:
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
         self._ego_lane = ego_lane
         self._update_lights(dt, ego_lane, ego_s)
+        ego_turn = self._ego_turn(dt, ego_lane, ego_s, ehl)
         # in a junction, where connectors overlap, the ego may be on any of several
         nj = 0
         if (ego_lane < 0 or self._lane_junction[ego_lane] >= 0
@@ -538,7 +566,7 @@ class LiteWorld:
                 self.v_lcfrom,
                 self.light_state,
                 ego_xy, e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
-                self._ego_jlanes, nj,
+                self._ego_jlanes, nj, ego_turn,
                 self.w_xy, walking, self.w_yaw, self.w_speed, tp.walker_anticipate,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,

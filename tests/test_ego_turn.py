@@ -1,0 +1,64 @@
+"""traffic.ego_turn: an ego standing at a junction's stop line gets its turn (docs/simulator.md,
+"Junction right of way"). The ego is parked braking at a stop line of the built-in grid town
+(no lights) while 40 vehicles drive; we count the reservations granted for ways crossing its
+possible turns."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from drivemind.maps import load_town
+from drivemind.sim import LiteWorld, SimConfig, density_config
+from drivemind.sim.kernels import EGO_TURN_HOLD
+
+
+def _ego_at_a_stop_line(ego_turn, seed=0):
+    cfg = density_config("dense")
+    cfg = replace(cfg, traffic=replace(cfg.traffic, signals="none", stuck_respawn=None,
+                                       ego_turn=ego_turn))
+    rm = load_town("grid")
+    world = LiteWorld(rm, cfg)
+    lane = next(i for i in range(len(rm.length)) if world._into_junction[i])
+    s = float(rm.length[lane]) - cfg.ego.length / 2 - 1.5
+    world.reset(seed=seed, ego_pose=rm.pose_at(lane, s))
+    turns = [int(c) for c in world.succ[lane] if c >= 0 and rm.junction[c] >= 0]
+    crossing = [c for c in range(len(rm.length))
+                if rm.junction[c] >= 0 and any(world.conflict[c, t] or c == t for t in turns)]
+    return world, set(crossing)
+
+
+def _grants(world, crossing, seconds):
+    """(time, vehicle) of every reservation granted for a way in ``crossing``."""
+    out, before = [], world.v_grant.copy()
+    for _ in range(int(round(seconds / world.cfg.dt))):
+        world.step((0.0, -1.0))
+        new = (world.v_grant != before) & (world.v_grant >= 0)
+        out += [(round(world.time, 1), int(i)) for i in np.flatnonzero(new)
+                if int(world.v_grant[i]) in crossing]
+        before = world.v_grant.copy()
+    return out
+
+
+def test_the_traffic_gives_a_standing_ego_its_turn_and_then_goes_on():
+    world, crossing = _ego_at_a_stop_line(15.0)
+    grants = _grants(world, crossing, 15.0 + EGO_TURN_HOLD + 30.0)
+    assert world._ego_lane >= 0 and world.ego["v"] < 0.1
+    assert any(t < 15.0 for t, _ in grants)  # a busy junction: ways crossing ours are granted
+    # its turn: nothing crossing its way is granted for EGO_TURN_HOLD s ...
+    assert not [g for g in grants if 15.05 < g[0] < 15.0 + EGO_TURN_HOLD - 0.05]
+    # ... and then the traffic goes on although the ego still stands (it holds it once)
+    assert any(t > 15.0 + EGO_TURN_HOLD for t, _ in grants)
+    assert world.npc_collision_total == 0
+
+
+def test_without_ego_turn_the_traffic_never_holds_for_the_ego():
+    world, crossing = _ego_at_a_stop_line(None)
+    grants = _grants(world, crossing, 15.0 + EGO_TURN_HOLD)
+    assert [g for g in grants if 15.05 < g[0]]  # the rule before: the ways stay granted
+
+
+@pytest.mark.parametrize("bad", [0, -3.0, float("nan"), True, "15"])
+def test_bad_ego_turn_says_what_is_wrong(bad):
+    with pytest.raises(ValueError, match="ego_turn must be a positive number of seconds or None"):
+        SimConfig(traffic=replace(SimConfig().traffic, ego_turn=bad))
