@@ -123,3 +123,29 @@ def test_autopilot_does_not_pass_into_a_taken_lane(town05):
     snap, lat, hits = _drive(world, snap, pilot, route, 30.0)
     assert hits == [] and pilot.passes == 0 and not pilot.done
     assert np.abs(lat).max() < 0.5
+
+
+def test_autopilot_joins_a_queue_in_the_lane_its_route_changes_to():
+    """The route changes to the next lane where a car stands (the tail of a queue) just past where
+    the change ends: the autopilot goes in behind it and stops there, rather than waiting beside
+    the lane until the car has gone (which, for a queue at a junction, can take minutes)."""
+    from straight_roads import side_by_side
+
+    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)])
+    lane, right = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    world, snap, pilot, _ = _parked_world(rm, lane, 0.0, 20.0, 100.0, pass_standing=False)
+    route = plan_route(rm, (lane, 20.0), (right, 280.0))
+    pilot.set_route(route)
+    (c0, c1, side), = pilot.changes
+    assert side == pytest.approx(-3.5, abs=0.1) and 5.0 < c1 - c0 < 12.0
+    # the car stands in the lane we change to (creeping at 0.1 m/s: a parked NPC's least speed),
+    # its rear 1 m past where the change ends
+    world.v_lane[0], world.v_s[0] = right, 20.0 + c1 + 1.0 + float(world.v_hl[0])
+    world._fill_path(0)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    snap, lat, hits = _drive(world, snap, pilot, route, 30.0)
+    assert hits == [], [(h.other_class, h.ego_speed) for h in hits]
+    # went into the lane (before: stood short of the change for as long as the car stood)
+    assert pilot.progress > c0 and snap.ego.y < -2.0 and snap.ego.speed < 0.5
+    gap = world.v_xy[0, 0] - world.v_hl[0] - (snap.ego.x + 2.4)
+    assert 0.5 < gap < 6.0  # behind it, waiting there (its nose in the lane, as drivers join)

@@ -44,6 +44,8 @@ PASS_OFFSET = 2.75  # m: the most we move over (inside the env's 3 m off-route l
 PASS_SIDE = 0.3  # m: planned side clearance to the actor we pass (less: no pass)
 PASS_BACK = 12.0  # m over which we move back in, ending this far past the standing actor + 3 m
 PASS_CLEAR = 10.0  # m past the end of the pass with no junction, stop line or lane change
+QUEUE_SPEED = 1.0  # m/s: a vehicle ahead in the lane we change to, slower than this, is joined
+#                    from behind rather than waited for (_lane_taken)
 WALKER_AHEAD = 1.5  # s: we keep clear of where a walker on the move will be this soon (as the
 #                     traffic does, traffic.walker_anticipate): seen only where it was, a walker
 #                     stepping in from the side entered our corridor too late to stop (Town05
@@ -445,12 +447,13 @@ class Autopilot:
                 break
             if front < e.speed * e.speed / (2.0 * COMMIT_DECEL):
                 return math.inf
-            return front if self._lane_taken(snap, here, side, c0, c1) else math.inf
+            return front if self._lane_taken(snap, here, side, c0, c1, join=True) else math.inf
         return math.inf
 
-    def _lane_taken(self, snap, here, side, c0, c1) -> bool:
+    def _lane_taken(self, snap, here, side, c0, c1, join: bool = False) -> bool:
         """A vehicle in the lane ``side`` m beside ours (+ right) overlaps our route's stretch
-        c0..c1 (arc lengths), or comes up from behind too close to it."""
+        c0..c1 (arc lengths), or comes up from behind too close to it. ``join`` (a lane change of
+        the route, not a pass): a vehicle standing ahead of our nose does not count."""
         act, e, half = snap.actors, snap.ego, self.ego.length / 2
         if len(act) == 0:
             return False
@@ -464,6 +467,11 @@ class Autopilot:
             ax = here + float(lx[a])  # its place along our route
             hl = float(act.extent[a, 0])
             va = float(np.hypot(*act.velocity[a]))
+            if join and va < QUEUE_SPEED and ax - hl > here + half + self.s0:
+                # standing ahead of our nose (a queue before a junction): we go in behind it and
+                # follow it (the corridor brakes for it), as drivers join a queue; waiting for
+                # the stretch beside us to clear can take as long as the queue stands
+                continue
             back = 4.0 + 1.5 * va + 2.0 * max(0.0, va - e.speed)
             if c0 - half - hl - back < ax < c1 + half + hl + 2.0:
                 return True
