@@ -62,3 +62,36 @@ def test_without_ego_turn_the_traffic_never_holds_for_the_ego():
 def test_bad_ego_turn_says_what_is_wrong(bad):
     with pytest.raises(ValueError, match="ego_turn must be a positive number of seconds or None"):
         SimConfig(traffic=replace(SimConfig().traffic, ego_turn=bad))
+
+
+@pytest.mark.parametrize("ego_behind", ["ignore", "brake"])
+def test_a_vehicle_drives_away_from_an_ego_reaching_in_from_behind_its_centre(ego_behind):
+    """The ego stands angled towards the next lane, reaching into it, its centre 2 m behind a car there (a merge
+    lane joining: esmini's soderleden, where the expert waited for the car and the car for the
+    expert until the car was respawned 60 s later). ``ignore`` (the default): the car drives off;
+    ``brake`` (the rule before): it stands for the ego."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from straight_roads import side_by_side
+    from drivemind.sim import kernels as K
+
+    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)])
+    cfg = SimConfig(vehicles=1, walkers=0)
+    cfg = replace(cfg, traffic=replace(cfg.traffic, ego_behind=ego_behind, stuck_respawn=None))
+    world = LiteWorld(rm, cfg)
+    world.reset(0, ego_pose=(20.0, 0.0, 0.0))
+    lane = rm.key_index[(1, 0, -2)]
+    world.v_lane[0], world.v_s[0], world.v_v[0] = lane, 100.0, 0.0
+    world._fill_path(0)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    world.place_ego((98.0, -1.0, -0.1))
+    for _ in range(100):  # 10 s
+        snap = world.step((0.0, -1.0))
+        assert not snap.collisions and world.npc_collision_total == 0
+    moved = world.v_s[0] - 100.0
+    if ego_behind == "ignore":
+        assert moved > 20.0
+    else:
+        assert moved < 1.0 and world.v_blocker[0] == K.BLOCKED_EGO

@@ -31,7 +31,8 @@ STEPS, EVERY = 1200, 40
 # the settings added since then, at the values that give the behaviour from before
 # (sim.config.STUDY_TRAFFIC; test_the_old_values_are_the_study_s checks they are the same)
 OLD = dict(junction_release="connector", overtake="never", max_green=None, walker_velocity="crossing",
-           walker_anticipate=0.0, ego_turn=None)
+           walker_anticipate=0.0, ego_turn=None,
+           ego_behind="brake")
 
 
 def _record(town, density, seed, **traffic):

@@ -97,6 +97,12 @@ class TrafficParams:
     #                                EGO_TURN_HOLD s (kernels), as a background vehicle that has
     #                                waited STARVE_WAIT s is served; None: never (the behaviour
     #                                before; the study pins it)
+    ego_behind: str = "ignore"  # a background vehicle and the ego behind its centre, reaching
+    #                             into its way from beside (a merge lane joining its lane):
+    #                             ignore: it drives on (away from the ego); brake: it stands for
+    #                             the ego like for one ahead, which with an ego waiting for it to
+    #                             go first left both standing (the behaviour before; the study
+    #                             pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -109,9 +115,11 @@ class TrafficParams:
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
 STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
                  "walker_velocity": "crossing", "walker_anticipate": 0.0,
-                 "ego_turn": None}
+                 "ego_turn": None, "ego_behind": "brake"}
 
 
+# the values of TrafficParams.ego_behind
+EGO_BEHIND = ("ignore", "brake")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -162,6 +170,9 @@ class SimConfig:
                                                                             and wa >= 0):
             raise ValueError(f"traffic.walker_anticipate must be a non-negative number of seconds "
                              f"(0: react to where a walker is only), got {wa!r}")
+        if self.traffic.ego_behind not in EGO_BEHIND:
+            raise ValueError(f"traffic.ego_behind must be one of {', '.join(EGO_BEHIND)}; got "
+                             f"{self.traffic.ego_behind!r}")
         et = self.traffic.ego_turn
         if et is not None and (isinstance(et, bool) or not isinstance(et, numbers.Real)
                                or not (math.isfinite(et) and et > 0)):

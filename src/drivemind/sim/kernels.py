@@ -390,6 +390,7 @@ def traffic_step(
     light_state,
     # ego and walkers as obstacles
     ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj, ego_turn,
+    ego_behind,
     walker_xy, walker_on_road, walker_yaw, walker_speed, walker_anticipate,
     rnd,
     # params
@@ -748,7 +749,11 @@ def traffic_step(
         hw_c = hw[i] + abs(lat[i]) if otk[i] != OTK_OFF else hw[i]  # corridor half width
         dx = ego_xy[0] - xy[i, 0]
         dy = ego_xy[1] - xy[i, 1]
-        if dx * dx + dy * dy < (lookahead * 0.5) ** 2:
+        # (ego_behind False) the ego's centre behind ours: it reaches into our way from beside or
+        # behind (a merge lane joining ours), and we drive away from it; braking for it, we would
+        # stand for good beside an ego that waits for us to go first
+        behind = not ego_behind and dx * math.cos(heading[i]) + dy * math.sin(heading[i]) < 0.0
+        if dx * dx + dy * dy < (lookahead * 0.5) ** 2 and not behind:
             g = _corridor_gap(offset, ds, length, pts, yaw, path[i], s[i], hl[i], hw_c, ego_circ,
                               ego_circ_r, lookahead * 0.5, 1.0)
             if g < gap and junction[lane[i]] < 0 and ego_lane >= 0 and junction[ego_lane] < 0:
