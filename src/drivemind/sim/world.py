@@ -220,6 +220,7 @@ class LiteWorld:
         self.ego.update(x=x, y=y, yaw=yaw, v=0.0, yaw_rate=0.0, accel=0.0, steer=0.0, throttle=0.0, brake=0.0)
         self._ego_contacts = set()
         self._static_contact = False
+        self._ego_wait = 0.0
 
     def _spawn_vehicles(self):
         rm, rng, cfg = self.map, self.rng, self.cfg
