@@ -8,8 +8,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from straight_roads import side_by_side
+
 from drivemind.maps import load_town
 from drivemind.sim import LiteWorld, SimConfig, density_config
+from drivemind.sim import kernels as K
 from drivemind.sim.kernels import EGO_TURN_HOLD
 
 
@@ -66,17 +69,10 @@ def test_bad_ego_turn_says_what_is_wrong(bad):
 
 @pytest.mark.parametrize("ego_behind", ["ignore", "brake"])
 def test_a_vehicle_drives_away_from_an_ego_reaching_in_from_behind_its_centre(ego_behind):
-    """The ego stands angled towards the next lane, reaching into it, its centre 2 m behind a car there (a merge
-    lane joining: esmini's soderleden, where the expert waited for the car and the car for the
-    expert until the car was respawned 60 s later). ``ignore`` (the default): the car drives off;
-    ``brake`` (the rule before): it stands for the ego."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from straight_roads import side_by_side
-    from drivemind.sim import kernels as K
-
+    """The ego stands angled towards the next lane, reaching into it, its centre 2 m behind a car
+    there (a merge lane joining: esmini's soderleden, where the expert waited for the car and the
+    car for the expert until the car was respawned 60 s later). ``ignore`` (the default): the car
+    drives off; ``brake`` (the rule before): it stands for the ego."""
     rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)])
     cfg = SimConfig(vehicles=1, walkers=0)
     cfg = replace(cfg, traffic=replace(cfg.traffic, ego_behind=ego_behind, stuck_respawn=None))
