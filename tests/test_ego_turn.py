@@ -91,3 +91,41 @@ def test_a_vehicle_drives_away_from_an_ego_reaching_in_from_behind_its_centre(eg
         assert moved > 20.0
     else:
         assert moved < 1.0 and world.v_blocker[0] == K.BLOCKED_EGO
+
+
+@pytest.mark.parametrize("corridor", ["body", "lane"])
+def test_a_vehicle_changing_lanes_keeps_clear_of_an_ego_where_its_body_still_is(corridor):
+    """A car has just changed from the left lane (y 0) to the right one (y -3.5): it is still 3 m
+    left of its new lane's centre, drifting over. The ego stands 6 m ahead between the lanes
+    (centre y -0.8). esmini's ``example`` at ``drivevlm``: a motorcycle ran into the standing
+    expert so. ``body`` (the default): the car keeps clear of the ego over the width its body
+    sweeps, stops behind it, and drives past once it is over in its lane; ``lane`` (the rule
+    before): it looks along its new lane's centre line at its own half width only, misses the
+    ego and runs into it."""
+    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)])
+    cfg = SimConfig(vehicles=1, walkers=0)
+    cfg = replace(cfg, traffic=replace(cfg.traffic, lane_change_corridor=corridor,
+                                       stuck_respawn=None, overtake="never"))
+    world = LiteWorld(rm, cfg)
+    world.reset(0, ego_pose=(20.0, 0.0, 0.0))
+    world.v_lane[0], world.v_s[0], world.v_v[0] = rm.key_index[(1, 0, -2)], 100.0, 7.0
+    world.v_lcfrom[0], world.v_lat[0] = rm.key_index[(1, 0, -1)], 3.0
+    world._fill_path(0)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    ego_x = 100.0 + 6.0 + cfg.ego.length / 2
+    world.place_ego((ego_x, -0.8, 0.0))
+    hits, stood = 0, False
+    for _ in range(150):  # 15 s
+        hits += len(world.step((0.0, -1.0)).collisions)
+        stood |= bool(world.v_v[0] < 0.3 and world.v_blocker[0] == K.BLOCKED_EGO)
+    assert world.npc_collision_total == 0
+    if corridor == "body":
+        assert hits == 0 and stood
+        assert world.v_s[0] > ego_x + 10.0 and world.v_lat[0] == 0.0  # past, once in its lane
+    else:
+        assert hits > 0 and not stood
+
+
+def test_bad_lane_change_corridor_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="lane_change_corridor must be one of body, lane; got 'wide'"):
+        SimConfig(traffic=replace(SimConfig().traffic, lane_change_corridor="wide"))

@@ -409,6 +409,7 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.walker_anticipate": 0.0,  # docs/simulator.md, "Walkers"
     "sim.traffic.ego_turn": None,  # docs/simulator.md, "Junction right of way"
     "sim.traffic.ego_behind": "brake",  # docs/simulator.md, "Background traffic"
+    "sim.traffic.lane_change_corridor": "lane",  # docs/simulator.md, "Background traffic"
 }
 
 

@@ -103,6 +103,12 @@ class TrafficParams:
     #                             the ego like for one ahead, which with an ego waiting for it to
     #                             go first left both standing (the behaviour before; the study
     #                             pins it)
+    lane_change_corridor: str = "body"  # what a background vehicle changing lanes keeps clear of
+    #                                     ahead (the ego, walkers): body: its new lane's centre
+    #                                     line widened by its lateral offset from it, so the way
+    #                                     its body sweeps while it is still between the lanes;
+    #                                     lane: the new lane's centre line at its own half width
+    #                                     (the behaviour before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
@@ -115,11 +121,13 @@ class TrafficParams:
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
 STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
                  "walker_velocity": "crossing", "walker_anticipate": 0.0,
-                 "ego_turn": None, "ego_behind": "brake"}
+                 "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane"}
 
 
 # the values of TrafficParams.ego_behind
 EGO_BEHIND = ("ignore", "brake")
+# the values of TrafficParams.lane_change_corridor
+LANE_CHANGE_CORRIDOR = ("body", "lane")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -173,6 +181,10 @@ class SimConfig:
         if self.traffic.ego_behind not in EGO_BEHIND:
             raise ValueError(f"traffic.ego_behind must be one of {', '.join(EGO_BEHIND)}; got "
                              f"{self.traffic.ego_behind!r}")
+        if self.traffic.lane_change_corridor not in LANE_CHANGE_CORRIDOR:
+            raise ValueError(f"traffic.lane_change_corridor must be one of "
+                             f"{', '.join(LANE_CHANGE_CORRIDOR)}; got "
+                             f"{self.traffic.lane_change_corridor!r}")
         et = self.traffic.ego_turn
         if et is not None and (isinstance(et, bool) or not isinstance(et, numbers.Real)
                                or not (math.isfinite(et) and et > 0)):

@@ -390,7 +390,7 @@ def traffic_step(
     light_state,
     # ego and walkers as obstacles
     ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj, ego_turn,
-    ego_behind,
+    ego_behind, lc_body,
     walker_xy, walker_on_road, walker_yaw, walker_speed, walker_anticipate,
     rnd,
     # params
@@ -746,7 +746,10 @@ def traffic_step(
                         src = BLOCKED_EGO
                     break
                 cum += length[l]
-        hw_c = hw[i] + abs(lat[i]) if otk[i] != OTK_OFF else hw[i]  # corridor half width
+        # corridor half width: widened by the lateral offset from the lane's centre line while out
+        # overtaking or (lc_body: traffic.lane_change_corridor 'body') still between two lanes
+        # after a lane change, so that it covers the body where it is
+        hw_c = hw[i] + abs(lat[i]) if otk[i] != OTK_OFF or lc_body else hw[i]
         dx = ego_xy[0] - xy[i, 0]
         dy = ego_xy[1] - xy[i, 1]
         # (ego_behind False) the ego's centre behind ours: it reaches into our way from beside or

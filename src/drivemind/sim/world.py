@@ -568,6 +568,7 @@ class LiteWorld:
                 self.light_state,
                 ego_xy, e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj, ego_turn, tp.ego_behind == "brake",
+                tp.lane_change_corridor == "body",
                 self.w_xy, walking, self.w_yaw, self.w_speed, tp.walker_anticipate,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
