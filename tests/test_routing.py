@@ -10,6 +10,7 @@ import pytest
 
 from drivemind.maps import RouteError, load_town, plan_route, random_route
 from drivemind.maps.roadmap import LaneRecord, build_roadmap
+from drivemind.maps.routing import LANE_CHANGE_GAP, LANE_CHANGES
 
 
 
@@ -109,3 +110,54 @@ def test_unreachable_goal_and_bad_lane_are_clear_errors():
         plan_route(rm, (7, 0.0), (0, 1.0))
     with pytest.raises(RouteError, match="outside lane"):
         plan_route(rm, (0, 1e4), (0, 1.0))
+
+
+def _three_lanes():
+    from straight_roads import side_by_side
+
+    rm = side_by_side("three_lanes", 200.0, [(0.0, 3.5), (-3.5, 3.5), (-7.0, 3.5)])
+    return rm, [rm.key_index[(1, 0, -k)] for k in (1, 2, 3)]
+
+
+def _change_starts(rm, route):
+    from drivemind.sim.tracking import lane_changes
+
+    return [float(route.cum[i]) for i, _ in lane_changes(route, rm)]
+
+
+def test_two_lane_changes_in_a_row_share_the_stretch():
+    """From the left lane to the right one of three, 190 m: ``spread`` (the default) starts the
+    two changes at about a third and two thirds of the stretch, so the second is not squeezed
+    against its end; ``middle`` (the placement before, which route files written before it keep)
+    at about a half and three quarters. A single change lies in the middle either way."""
+    rm, (a, b, c) = _three_lanes()
+    spread = _change_starts(rm, plan_route(rm, (a, 10.0), (c, 200.0)))
+    middle = _change_starts(rm, plan_route(rm, (a, 10.0), (c, 200.0), lane_changes="middle"))
+    half = LANE_CHANGE_GAP / 2
+    assert spread == pytest.approx([190 / 3 - half, 190 * 2 / 3 - half / 2], abs=3.0)
+    assert middle == pytest.approx([190 / 2 - half, 190 * 3 / 4 - half / 2], abs=3.0)
+    one = [_change_starts(rm, plan_route(rm, (a, 10.0), (b, 200.0), lane_changes=lc))
+           for lc in LANE_CHANGES]
+    assert one[0] == one[1] == pytest.approx([190 / 2 - half], abs=1.0)
+    with pytest.raises(ValueError, match="lane_changes must be one of spread, middle; got 'late'"):
+        plan_route(rm, (a, 10.0), (c, 200.0), lane_changes="late")
+
+
+def test_a_route_file_keeps_the_lane_changes_it_was_written_with():
+    """A route file written before ``lane_changes`` existed re-plans its routes with the old
+    placement (the fixed evaluation routes keep their polylines); a new file says ``spread``."""
+    from drivemind.envs.routes import make_fixed_routes, map_fingerprint, routes_from_spec
+
+    rm, (a, _, c) = _three_lanes()
+    spec = {"town": rm.name, "map_fingerprint": map_fingerprint(rm),
+            "routes": [{"start": {"lane": list(rm.keys[a]), "s": 10.0},
+                        "goal": {"lane": list(rm.keys[c]), "s": 200.0}}]}
+    old, = routes_from_spec(rm, spec)
+    new, = routes_from_spec(rm, {**spec, "lane_changes": "spread"})
+    assert _change_starts(rm, old) == _change_starts(
+        rm, plan_route(rm, (a, 10.0), (c, 200.0), lane_changes="middle"))
+    assert _change_starts(rm, new) == _change_starts(rm, plan_route(rm, (a, 10.0), (c, 200.0)))
+    assert _change_starts(rm, new) != _change_starts(rm, old)
+    assert make_fixed_routes(rm, n=1)["lane_changes"] == "spread"
+    with pytest.raises(ValueError, match="my file: lane_changes must be one of spread, middle"):
+        routes_from_spec(rm, {**spec, "lane_changes": "late"}, "my file")

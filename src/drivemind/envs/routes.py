@@ -20,7 +20,7 @@ import numpy as np
 
 from ..maps.roadmap import RoadMap
 from ..paths import cache_dir, write_text_atomic
-from ..maps.routing import Route, RouteError, plan_route, random_route
+from ..maps.routing import LANE_CHANGES, Route, RouteError, plan_route, random_route
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def make_fixed_routes(rm: RoadMap, n: int = N_ROUTES, seed: int = SEED, *,
         raise RouteError(f"map {rm.name!r} gave only {len(routes)} distinct routes of "
                          f"{min_length:.0f}-{max_length:.0f} m; asked for {n}")
     return {"town": rm.name, "map_fingerprint": map_fingerprint(rm), "seed": seed, "n": n,
-            "routes": routes}
+            "lane_changes": "spread", "routes": routes}
 
 
 def _ident(r: dict) -> tuple:
@@ -95,6 +95,12 @@ def routes_from_spec(rm: RoadMap, spec: dict, source: str = "route file") -> lis
                          f"{spec.get('map_fingerprint')}, but the loaded map {rm.name!r} has "
                          f"{fp}; regenerate it with `python scripts/make_routes.py --town "
                          f"{rm.name} --out <file>`")
+    # where the routes change lanes: as when the file was written (a file from before the key
+    # existed was drawn with 'middle'), so that a route file always gives the same polylines
+    lc = spec.get("lane_changes", "middle")
+    if lc not in LANE_CHANGES:
+        raise ValueError(f"{source}: lane_changes must be one of {', '.join(LANE_CHANGES)}; got "
+                         f"{lc!r}")
     out = []
     for i, r in enumerate(spec["routes"]):
         try:
@@ -103,7 +109,7 @@ def routes_from_spec(rm: RoadMap, spec: dict, source: str = "route file") -> lis
         except KeyError as exc:
             raise ValueError(f"{source}: route {i} names lane {exc.args[0]} which map "
                              f"{rm.name!r} does not have") from None
-        out.append(plan_route(rm, (a, r["start"]["s"]), (b, r["goal"]["s"])))
+        out.append(plan_route(rm, (a, r["start"]["s"]), (b, r["goal"]["s"]), lane_changes=lc))
     return out
 
 

@@ -22,6 +22,11 @@ class RouteError(MapError):
 
 
 LANE_CHANGE_GAP = 8.0  # metres travelled while changing lane
+# where a route changes lanes (plan_route's lane_changes): spread: n changes in a row over one
+# stretch at 1/(n+1), 2/(n+1), ... of it (one change: its middle); middle: each at the middle of
+# what is left of the stretch (the second of two at three quarters, close to the next junction:
+# the placement before, which route files written before it was added keep)
+LANE_CHANGES = ("spread", "middle")
 
 
 @dataclass
@@ -94,8 +99,12 @@ def _change_targets(rm: RoadMap, lane: int) -> list[int]:
 
 
 def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *,
-               lane_change_cost: float = 25.0) -> Route:
-    """Shortest route from ``(lane, s)`` to ``(lane, s)``. Raises RouteError if unreachable."""
+               lane_change_cost: float = 25.0, lane_changes: str = "spread") -> Route:
+    """Shortest route from ``(lane, s)`` to ``(lane, s)``. Raises RouteError if unreachable.
+    ``lane_changes``: where its lane changes lie on their stretch (``LANE_CHANGES``)."""
+    if lane_changes not in LANE_CHANGES:
+        raise ValueError(f"lane_changes must be one of {', '.join(LANE_CHANGES)}; got "
+                         f"{lane_changes!r}")
     l0, s0 = int(start[0]), float(start[1])
     lg, sg = int(goal[0]), float(goal[1])
     for lane, s, what in ((l0, s0, "start"), (lg, sg, "goal")):
@@ -160,7 +169,12 @@ def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *
         else:  # lane change to the next node's lane
             nxt = chain[i + 1][0]
             la, lb = float(rm.length[lane]), float(rm.length[nxt])
-            s_out = s_in + max(0.0, (la - s_in) / 2 - LANE_CHANGE_GAP / 2)
+            # spread: r changes in a row from here (this one included) share the rest of the
+            # lane, this one at 1 / (r + 1) of it (one change: the middle); middle: r = 1 always
+            r = 1
+            while lane_changes == "spread" and chain[i + r][1] == "change":
+                r += 1
+            s_out = s_in + max(0.0, (la - s_in) / (r + 1) - LANE_CHANGE_GAP / 2)
             if chain[i + 1][1] == "end":  # must be on the goal lane before the goal
                 s_out = min(s_out, max(s_in, sg * la / lb - LANE_CHANGE_GAP))
             segments.append([lane, s_in, s_out])
