@@ -134,3 +134,30 @@ def test_the_autopilot_keeps_clear_of_where_a_walker_is_going(towards, in_the_wa
     snap = replace(snap, actors=walker)
     gap = pilot._corridor_gap(snap, float(route.cum[pilot.idx]))
     assert (gap < 20.0) == in_the_way
+
+
+def test_the_fallback_route_starts_where_the_last_one_ended():
+    """No spawn point 50 m or more on is reachable from the route's end (near an open road end),
+    and the nearest spawn point ahead lies on the next lane. The next route goes there from the
+    ego's own lane, with a lane change the autopilot checks like any other. Before, it started at
+    that spawn point, and the ego cut across the lanes between (esmini's e6mini-lht: two lanes at
+    7 m/s, into a motorcycle)."""
+    from dataclasses import replace
+
+    from straight_roads import side_by_side
+
+    from drivemind.sim.tracking import lane_changes
+
+    rm = side_by_side("three_lanes", LENGTH, [(0.0, 3.5), (-3.5, 3.5), (-7.0, 3.5)])
+    own = rm.key_index[(1, 0, -1)]
+    keep = (rm.spawn_lane != own) | (rm.spawn_s < 200.0)  # none of our lane's last spawn points
+    rm = replace(rm, spawn=rm.spawn[keep], spawn_lane=rm.spawn_lane[keep],
+                 spawn_s=rm.spawn_s[keep])
+    route = plan_route(rm, (own, 200.0), (own, 255.0))
+    pilot = Autopilot(rm, route)
+    x, y = (float(v) for v in route.pts[-1])
+    k = spawn_ahead(rm, x, y, 0.0)
+    assert rm.spawn_lane[k] != own  # the nearest spawn point ahead: on another lane
+    new = pilot.new_route_from(np.random.default_rng(0), x, y)
+    assert np.hypot(*(new.pts[0] - (x, y))) < 0.5 and new.lanes[0] == own
+    assert lane_changes(new, rm) and 20.0 <= new.length < 50.0

@@ -32,6 +32,7 @@ from .world import LiteWorld
 
 
 JUNCTION_LOOKAHEAD = 25.0  # m from our nose to a junction within which we decide who goes first
+FALLBACK_MIN = 20.0  # m: the shortest route to a spawn point ahead (new_route_from's fallback)
 COMMIT_DECEL = 6.0  # m/s^2: braking it would take to stop before the junction beyond which we go on
 YIELD_MARGIN = 1.5  # s: we let a vehicle go first unless we are through the crossing this long
 #                     before it reaches it
@@ -98,9 +99,8 @@ class Autopilot:
         for i, _ in lane_changes(r, rm):
             a, b = int(r.lanes[i]), int(r.lanes[i + 1])
             qb = rm.lane_points(b)
-            j = i + 1
-            while j + 1 < len(r.lanes) and np.hypot(qb[:, 0] - r.pts[j, 0],
-                                                     qb[:, 1] - r.pts[j, 1]).min() > 0.3:
+            j = i + 1  # the first point on lane b's centre line: where the diagonal ends
+            while j + 1 < len(r.lanes) and _polyline_distance(qb, *r.pts[j]) > 0.3:
                 j += 1
             qa = rm.lane_points(a)
             ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
@@ -113,10 +113,13 @@ class Autopilot:
                        max_length: float = 3000.0) -> Route:
         """Follow a new random route from where the current one ends (the ego's own lane, so it
         does not cut across to a spawn point on the next lane), to a random spawn point; if none
-        can be reached from there, from the nearest spawn point ahead of (x, y) in the driving
-        direction (:func:`spawn_ahead`: never one behind or on the opposite lane, which would ask
-        for a U-turn); raises :class:`RouteError` when there is none (an open road end: the caller
-        starts the ego elsewhere, :func:`clear_start`). Planned on the links the
+        of 50 draws can be reached from there, to the nearest spawn point ahead of (x, y) in the
+        driving direction that can (:func:`spawns_ahead`: never one behind or on the opposite
+        lane, which would ask for a U-turn), at least FALLBACK_MIN m on, lane changes planned
+        like any route's. Raises :class:`RouteError` when there is none (an open road end: the
+        caller starts the ego elsewhere, :func:`clear_start`). Before, the route started at the
+        nearest spawn point ahead itself, and the ego cut across the lanes between (esmini's
+        e6mini-lht: two lanes at 7 m/s, into a motorcycle). Planned on the links the
         traffic follows (:func:`~drivemind.sim.tables.linked_roadmap`: a map whose links leave
         dead ends still gives a route on)."""
         rm = linked_roadmap(self.map)
@@ -132,12 +135,18 @@ class Autopilot:
                 route = r
                 break
         if route is None:
-            start = spawn_ahead(rm, x, y, float(self.route.yaw[-1]))
-            if start is None:
-                raise RouteError(f"no route on from ({x:.1f}, {y:.1f}) on map {rm.name!r}: the lane "
-                                 f"ends in an open road end and no spawn point lies ahead in the "
-                                 f"driving direction (restart elsewhere: clear_start)")
-            route = random_route(rm, rng, max_length=max_length, start=start)
+            for b in spawns_ahead(rm, x, y, float(self.route.yaw[-1])):
+                try:
+                    r = plan_route(rm, (int(lane), float(s_end)), (rm.spawn_lane[b], rm.spawn_s[b]))
+                except RouteError:
+                    continue
+                if FALLBACK_MIN <= r.length <= max_length:
+                    route = r
+                    break
+        if route is None:
+            raise RouteError(f"no route on from ({x:.1f}, {y:.1f}) on map {rm.name!r}: the lane "
+                             f"ends in an open road end and no spawn point ahead in the driving "
+                             f"direction can be reached (restart elsewhere: clear_start)")
         self.set_route(route)
         return self.route
 
@@ -631,17 +640,34 @@ def _walkers_ahead(act: Actors) -> tuple[Actors, np.ndarray]:
                   np.concatenate([act.velocity, act.velocity[moving]])), moving
 
 
-def spawn_ahead(rm: RoadMap, x: float, y: float, yaw: float, max_turn: float = math.pi / 4):
-    """Index of the spawn point nearest (x, y) that lies ahead of it (not behind) and faces within
-    ``max_turn`` of ``yaw``, or None: where a driver at an open road end may start its next route
+def _polyline_distance(q: np.ndarray, x: float, y: float) -> float:
+    """Distance from (x, y) to the polyline through the points ``q`` (its segments, not only its
+    points: a map's lane points can lie 1 m apart, so a point on the line may be 0.5 m from both
+    ends of its segment)."""
+    if len(q) < 2:
+        return float(np.hypot(q[:, 0] - x, q[:, 1] - y).min())
+    a, d = q[:-1], np.diff(q, axis=0)
+    t = np.clip(((x - a[:, 0]) * d[:, 0] + (y - a[:, 1]) * d[:, 1])
+                / np.maximum((d * d).sum(1), 1e-12), 0.0, 1.0)
+    return float(np.hypot(a[:, 0] + t * d[:, 0] - x, a[:, 1] + t * d[:, 1] - y).min())
+
+
+def spawns_ahead(rm: RoadMap, x: float, y: float, yaw: float,
+                 max_turn: float = math.pi / 4) -> np.ndarray:
+    """Indices of the spawn points that lie ahead of (x, y) (not behind) and face within
+    ``max_turn`` of ``yaw``, nearest first: where a driver at the end of its route may head next
     without turning round."""
     dx, dy = rm.spawn[:, 0] - x, rm.spawn[:, 1] - y
     ahead = dx * math.cos(yaw) + dy * math.sin(yaw) >= 0.0
     dyaw = np.abs((rm.spawn[:, 2] - yaw + math.pi) % (2 * math.pi) - math.pi)
     ok = np.flatnonzero(ahead & (dyaw <= max_turn))
-    if not len(ok):
-        return None
-    return int(ok[np.argmin(np.hypot(dx[ok], dy[ok]))])
+    return ok[np.argsort(np.hypot(dx[ok], dy[ok]), kind="stable")]
+
+
+def spawn_ahead(rm: RoadMap, x: float, y: float, yaw: float, max_turn: float = math.pi / 4):
+    """The nearest of :func:`spawns_ahead`, or None."""
+    ok = spawns_ahead(rm, x, y, yaw, max_turn)
+    return int(ok[0]) if len(ok) else None
 
 
 def clear_start(world: LiteWorld, rng: np.random.Generator, tries: int = 50,
