@@ -149,3 +149,22 @@ def test_autopilot_joins_a_queue_in_the_lane_its_route_changes_to():
     assert pilot.progress > c0 and snap.ego.y < -2.0 and snap.ego.speed < 0.5
     gap = world.v_xy[0, 0] - world.v_hl[0] - (snap.ego.x + 2.4)
     assert 0.5 < gap < 6.0  # behind it, waiting there (its nose in the lane, as drivers join)
+
+
+def test_autopilot_finds_where_each_lane_change_ends_on_a_map_with_sparse_lane_points():
+    """Lane points 1 m apart (esmini's ``example``) and a route whose stretches start between
+    them: each of the two lane changes ends 8 m on, one lane over. Before, a change ended only
+    at a route point within 0.3 m of one of the lane's points; none was, so the first change ran
+    on to the route's end, two lanes over, and the autopilot checked the wrong lane for it and
+    changed into a car standing in the right one."""
+    from straight_roads import side_by_side
+
+    from drivemind.maps.routing import LANE_CHANGE_GAP
+
+    rm = side_by_side("three_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5), (-7.0, 3.5)], step=1.0)
+    a, c = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -3)]
+    pilot = Autopilot(rm, plan_route(rm, (a, 20.3), (c, 290.0)))
+    assert len(pilot.changes) == 2
+    for c0, c1, side in pilot.changes:
+        assert c1 - c0 == pytest.approx(LANE_CHANGE_GAP, abs=1.5)
+        assert side == pytest.approx(-3.5, abs=0.2)
