@@ -137,27 +137,33 @@ def test_the_autopilot_keeps_clear_of_where_a_walker_is_going(towards, in_the_wa
 
 
 def test_the_fallback_route_starts_where_the_last_one_ended():
-    """No spawn point 50 m or more on is reachable from the route's end (near an open road end),
-    and the nearest spawn point ahead lies on the next lane. The next route goes there from the
-    ego's own lane, with a lane change the autopilot checks like any other. Before, it started at
-    that spawn point, and the ego cut across the lanes between (esmini's e6mini-lht: two lanes at
-    7 m/s, into a motorcycle)."""
+    """The fallback at the end of a route (no random spawn point reachable 50 m or more on):
+    the route to the nearest spawn point ahead goes there from where the last route ended, with a
+    lane change the autopilot checks like any other. Before, the next route started at the
+    nearest spawn point ahead itself (here one on the next lane), and the ego cut across the lanes
+    between (esmini's e6mini-lht: two lanes at 7 m/s, into a motorcycle)."""
     from dataclasses import replace
 
     from straight_roads import side_by_side
 
+    from drivemind.sim.autopilot import NEXT_ROUTE_MIN, route_ahead
     from drivemind.sim.tracking import lane_changes
 
     rm = side_by_side("three_lanes", LENGTH, [(0.0, 3.5), (-3.5, 3.5), (-7.0, 3.5)])
-    own = rm.key_index[(1, 0, -1)]
+    own, nxt = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
     keep = (rm.spawn_lane != own) | (rm.spawn_s < 200.0)  # none of our lane's last spawn points
     rm = replace(rm, spawn=rm.spawn[keep], spawn_lane=rm.spawn_lane[keep],
                  spawn_s=rm.spawn_s[keep])
-    route = plan_route(rm, (own, 200.0), (own, 255.0))
-    pilot = Autopilot(rm, route)
-    x, y = (float(v) for v in route.pts[-1])
-    k = spawn_ahead(rm, x, y, 0.0)
+    x, y, yaw = rm.pose_at(own, 230.0)
+    k = spawn_ahead(rm, x, y, yaw)
     assert rm.spawn_lane[k] != own  # the nearest spawn point ahead: on another lane
-    new = pilot.new_route_from(np.random.default_rng(0), x, y)
-    assert np.hypot(*(new.pts[0] - (x, y))) < 0.5 and new.lanes[0] == own
-    assert lane_changes(new, rm) and 20.0 <= new.length < 50.0
+    r = route_ahead(rm, (own, 230.0), x, y, yaw)
+    assert np.hypot(*(r.pts[0] - (x, y))) < 0.5 and r.lanes[0] == own  # from where we are
+    assert r.lanes[-1] == nxt and lane_changes(r, rm) and r.length >= NEXT_ROUTE_MIN
+    # the nearest it reaches far enough on: no spawn point ahead is closer and far enough
+    ahead = [float(np.hypot(*(rm.spawn[b, :2] - (x, y)))) for b in range(len(rm.spawn))
+             if rm.spawn[b, 0] > x and rm.spawn_lane[b] != own]
+    assert min(d for d in ahead if d >= NEXT_ROUTE_MIN) >= np.hypot(*(r.pts[-1] - (x, y))) - 1.0
+    # near the road's end no spawn point ahead is far enough on: none (the caller restarts)
+    x2, y2, _ = rm.pose_at(own, 260.0)
+    assert route_ahead(rm, (own, 260.0), x2, y2, yaw) is None

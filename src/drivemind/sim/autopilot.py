@@ -32,7 +32,7 @@ from .world import LiteWorld
 
 
 JUNCTION_LOOKAHEAD = 25.0  # m from our nose to a junction within which we decide who goes first
-FALLBACK_MIN = 20.0  # m: the shortest route to a spawn point ahead (new_route_from's fallback)
+NEXT_ROUTE_MIN = 50.0  # m: the shortest next route new_route_from takes
 COMMIT_DECEL = 6.0  # m/s^2: braking it would take to stop before the junction beyond which we go on
 YIELD_MARGIN = 1.5  # s: we let a vehicle go first unless we are through the crossing this long
 #                     before it reaches it
@@ -113,10 +113,8 @@ class Autopilot:
                        max_length: float = 3000.0) -> Route:
         """Follow a new random route from where the current one ends (the ego's own lane, so it
         does not cut across to a spawn point on the next lane), to a random spawn point; if none
-        of 50 draws can be reached from there, to the nearest spawn point ahead of (x, y) in the
-        driving direction that can (:func:`spawns_ahead`: never one behind or on the opposite
-        lane, which would ask for a U-turn), at least FALLBACK_MIN m on, lane changes planned
-        like any route's. Raises :class:`RouteError` when there is none (an open road end: the
+        of 50 draws can be reached from there, to the nearest spawn point ahead of (x, y) that can
+        (:func:`route_ahead`). Raises :class:`RouteError` when there is none (an open road end: the
         caller starts the ego elsewhere, :func:`clear_start`). Before, the route started at the
         nearest spawn point ahead itself, and the ego cut across the lanes between (esmini's
         e6mini-lht: two lanes at 7 m/s, into a motorcycle). Planned on the links the
@@ -131,18 +129,12 @@ class Autopilot:
                 r = plan_route(rm, (int(lane), float(s_end)), (rm.spawn_lane[b], rm.spawn_s[b]))
             except RouteError:
                 continue
-            if 50.0 <= r.length <= max_length:
+            if NEXT_ROUTE_MIN <= r.length <= max_length:
                 route = r
                 break
         if route is None:
-            for b in spawns_ahead(rm, x, y, float(self.route.yaw[-1])):
-                try:
-                    r = plan_route(rm, (int(lane), float(s_end)), (rm.spawn_lane[b], rm.spawn_s[b]))
-                except RouteError:
-                    continue
-                if FALLBACK_MIN <= r.length <= max_length:
-                    route = r
-                    break
+            route = route_ahead(rm, (int(lane), float(s_end)), x, y, float(self.route.yaw[-1]),
+                                max_length)
         if route is None:
             raise RouteError(f"no route on from ({x:.1f}, {y:.1f}) on map {rm.name!r}: the lane "
                              f"ends in an open road end and no spawn point ahead in the driving "
@@ -662,6 +654,22 @@ def spawns_ahead(rm: RoadMap, x: float, y: float, yaw: float,
     dyaw = np.abs((rm.spawn[:, 2] - yaw + math.pi) % (2 * math.pi) - math.pi)
     ok = np.flatnonzero(ahead & (dyaw <= max_turn))
     return ok[np.argsort(np.hypot(dx[ok], dy[ok]), kind="stable")]
+
+
+def route_ahead(rm: RoadMap, start: tuple[int, float], x: float, y: float, yaw: float,
+                max_length: float = 3000.0) -> Route | None:
+    """A route from ``start`` (the lane and arc length where the last one ended) to the nearest
+    spawn point ahead of (x, y) in the driving direction (:func:`spawns_ahead`: never one behind
+    or on the opposite lane, which would ask for a U-turn) that it reaches NEXT_ROUTE_MIN m or
+    more on, its lane changes planned and checked like any route's; None if there is none."""
+    for b in spawns_ahead(rm, x, y, yaw):
+        try:
+            r = plan_route(rm, start, (rm.spawn_lane[b], rm.spawn_s[b]))
+        except RouteError:
+            continue
+        if NEXT_ROUTE_MIN <= r.length <= max_length:
+            return r
+    return None
 
 
 def spawn_ahead(rm: RoadMap, x: float, y: float, yaw: float, max_turn: float = math.pi / 4):
