@@ -161,3 +161,30 @@ def test_a_route_file_keeps_the_lane_changes_it_was_written_with():
     assert make_fixed_routes(rm, n=1)["lane_changes"] == "spread"
     with pytest.raises(ValueError, match="my file: lane_changes must be one of spread, middle"):
         routes_from_spec(rm, {**spec, "lane_changes": "late"}, "my file")
+
+
+@pytest.mark.parametrize("goal_s", [60.0, 30.0])
+def test_a_goal_two_lanes_over_within_the_stretch_is_reached_on_its_lane(goal_s):
+    """The goal lies two lanes over, 50 or 20 m on. ``spread``: both changes share the stretch up
+    to the goal and the route ends at the goal, on its lane. ``middle`` (route files written
+    before): the first change ignores the goal (the middle of the rest of the lane) and the route
+    ends on the start lane past the goal (the env's next route then started two lanes over, and
+    the expert cut across to it: esmini's e6mini)."""
+    rm, (a, _, c) = _three_lanes()
+    gx, gy, _ = rm.pose_at(c, goal_s)
+    new = plan_route(rm, (a, 10.0), (c, goal_s))
+    assert np.hypot(*(new.pts[-1] - (gx, gy))) < 0.5 and new.lanes[-1] == c
+    assert len(_change_starts(rm, new)) == 2
+    assert new.length == pytest.approx(goal_s - 10.0, abs=2.5)
+    old = plan_route(rm, (a, 10.0), (c, goal_s), lane_changes="middle")
+    assert old.lanes[-1] == a and old.pts[-1][0] > goal_s  # the placement before, kept for old files
+
+
+def test_a_goal_too_close_for_its_lane_changes_still_ends_on_its_lane():
+    """Two lane changes (8 m each) to a goal 10 m on: the route cannot land before it, but ends on
+    the goal's lane (``spread``), not on the start lane with no length (the two changes had no
+    length of their own and were dropped from the polyline)."""
+    rm, (a, _, c) = _three_lanes()
+    r = plan_route(rm, (a, 10.0), (c, 20.0))
+    assert r.lanes[-1] == c and r.pts[-1][1] == pytest.approx(-7.0, abs=0.1)
+    assert r.length > 2 * LANE_CHANGE_GAP - 1.0

@@ -55,10 +55,14 @@ class Route:
         return [seg[0] for seg in self.segments]
 
 
-def _segments_polyline(rm: RoadMap, segments) -> Route:
+def _segments_polyline(rm: RoadMap, segments, keep_empty: bool = False) -> Route:
+    """The polyline through ``segments``. ``keep_empty``: a segment of no length after another
+    (a lane change that lands at the goal, or straight into the next one) still gets its diagonal
+    and its point, so the route ends on the goal's lane; without it (route files written before
+    ``lane_changes``) such segments were dropped, and the route ended on an earlier lane."""
     pts, lanes = [], []
     for lane, s0, s1 in segments:
-        if s1 - s0 < 1e-6:
+        if s1 - s0 < 1e-6 and not keep_empty:
             continue
         n = max(2, int(math.ceil((s1 - s0) / 1.0)) + 1)
         if pts:  # a lane change: fill the diagonal between the two lanes at 1 m spacing
@@ -170,17 +174,23 @@ def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *
             nxt = chain[i + 1][0]
             la, lb = float(rm.length[lane]), float(rm.length[nxt])
             # spread: r changes in a row from here (this one included) share the rest of the
-            # lane, this one at 1 / (r + 1) of it (one change: the middle); middle: r = 1 always
-            r = 1
-            while lane_changes == "spread" and chain[i + r][1] == "change":
-                r += 1
-            s_out = s_in + max(0.0, (la - s_in) / (r + 1) - LANE_CHANGE_GAP / 2)
+            # lane, this one at 1 / (r + 1) of it (one change: the middle), or, where the goal
+            # lies on the lane they lead to, the stretch up to the goal, so that the last lands
+            # before it; middle: r = 1 always, over the rest of the lane (the changes before the
+            # last ignore the goal: a goal two lanes over within the stretch was driven past)
+            r, end = 1, la
+            if lane_changes == "spread":
+                while chain[i + r][1] == "change":
+                    r += 1
+                if chain[i + r][1] == "end":
+                    end = min(la, sg * la / float(rm.length[lg]))
+            s_out = s_in + max(0.0, (end - s_in) / (r + 1) - LANE_CHANGE_GAP / 2)
             if chain[i + 1][1] == "end":  # must be on the goal lane before the goal
                 s_out = min(s_out, max(s_in, sg * la / lb - LANE_CHANGE_GAP))
             segments.append([lane, s_in, s_out])
             s_in = min(lb, (s_out + LANE_CHANGE_GAP) * lb / la)
     segs = [(int(a), float(b), float(max(b, c))) for a, b, c in segments]
-    return _segments_polyline(rm, segs)
+    return _segments_polyline(rm, segs, keep_empty=lane_changes == "spread")
 
 
 def route_between_points(rm: RoadMap, start_xy, goal_xy, **kw) -> Route:
