@@ -15,7 +15,7 @@ import pytest
 from drivemind.maps.roadmap import LaneRecord, build_roadmap
 from drivemind.maps.routing import RouteError, plan_route
 from drivemind.sim import SimConfig
-from drivemind.sim.autopilot import Autopilot, clear_start, spawn_ahead
+from drivemind.sim.autopilot import Autopilot, clear_start, spawns_ahead
 from drivemind.sim.config import TrafficParams
 from drivemind.sim.world import LiteWorld
 
@@ -35,13 +35,16 @@ def _two_way_road():
     return build_roadmap("dead_ends", [fwd, back])
 
 
-def test_spawn_ahead_faces_the_driving_direction():
+def test_spawns_ahead_face_the_driving_direction_nearest_first():
     rm = _two_way_road()
-    k = spawn_ahead(rm, 150.0, 0.0, 0.0)
+    ahead = spawns_ahead(rm, 150.0, 0.0, 0.0)
+    d = np.hypot(rm.spawn[ahead, 0] - 150.0, rm.spawn[ahead, 1])
+    assert len(ahead) > 1 and np.all(np.diff(d) >= 0)  # the nearest first
+    k = ahead[0]
     assert rm.spawn[k, 0] >= 150.0 and abs(rm.spawn[k, 2]) < 1e-6  # on the +x lane, ahead
-    k = spawn_ahead(rm, 150.0, 3.5, math.pi)
+    k = spawns_ahead(rm, 150.0, 3.5, math.pi)[0]
     assert rm.spawn[k, 0] <= 150.0 and abs(abs(rm.spawn[k, 2]) - math.pi) < 1e-6
-    assert spawn_ahead(rm, LENGTH + 50.0, 0.0, 0.0) is None  # past the road's end: none ahead
+    assert len(spawns_ahead(rm, LENGTH + 50.0, 0.0, 0.0)) == 0  # past the road's end: none ahead
 
 
 def test_no_u_turn_at_an_open_road_end():
@@ -155,7 +158,7 @@ def test_the_fallback_route_starts_where_the_last_one_ended():
     rm = replace(rm, spawn=rm.spawn[keep], spawn_lane=rm.spawn_lane[keep],
                  spawn_s=rm.spawn_s[keep])
     x, y, yaw = rm.pose_at(own, 230.0)
-    k = spawn_ahead(rm, x, y, yaw)
+    k = spawns_ahead(rm, x, y, yaw)[0]
     assert rm.spawn_lane[k] != own  # the nearest spawn point ahead: on another lane
     r = route_ahead(rm, (own, 230.0), x, y, yaw)
     assert np.hypot(*(r.pts[0] - (x, y))) < 0.5 and r.lanes[0] == own  # from where we are

@@ -672,12 +672,6 @@ def route_ahead(rm: RoadMap, start: tuple[int, float], x: float, y: float, yaw: 
     return None
 
 
-def spawn_ahead(rm: RoadMap, x: float, y: float, yaw: float, max_turn: float = math.pi / 4):
-    """The nearest of :func:`spawns_ahead`, or None."""
-    ok = spawns_ahead(rm, x, y, yaw, max_turn)
-    return int(ok[0]) if len(ok) else None
-
-
 def clear_start(world: LiteWorld, rng: np.random.Generator, tries: int = 50,
                 clear_m: float = 15.0) -> Route | None:
     """A random route (on :func:`~drivemind.sim.tables.linked_roadmap`'s links) whose start has no
