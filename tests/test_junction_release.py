@@ -32,7 +32,8 @@ STEPS, EVERY = 1200, 40
 # (sim.config.STUDY_TRAFFIC; test_the_old_values_are_the_study_s checks they are the same)
 OLD = dict(junction_release="connector", overtake="never", max_green=None, walker_velocity="crossing",
            walker_anticipate=0.0, ego_turn=None,
-           ego_behind="brake", lane_change_corridor="lane")
+           ego_behind="brake", lane_change_corridor="lane", junction_conflict="centre",
+           diverging_follow="lane", junction_exit="lane")
 
 
 def _record(town, density, seed, **traffic):

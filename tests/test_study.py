@@ -410,6 +410,9 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.ego_turn": None,  # docs/simulator.md, "Junction right of way"
     "sim.traffic.ego_behind": "brake",  # docs/simulator.md, "Background traffic"
     "sim.traffic.lane_change_corridor": "lane",  # docs/simulator.md, "Background traffic"
+    "sim.traffic.junction_conflict": "centre",  # docs/simulator.md, "Junction right of way"
+    "sim.traffic.diverging_follow": "lane",  # docs/simulator.md, "Junction right of way"
+    "sim.traffic.junction_exit": "lane",  # docs/simulator.md, "Junction right of way"
 }
 
 

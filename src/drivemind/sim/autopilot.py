@@ -37,6 +37,8 @@ COMMIT_DECEL = 6.0  # m/s^2: braking it would take to stop before the junction b
 YIELD_MARGIN = 1.5  # s: we let a vehicle go first unless we are through the crossing this long
 #                     before it reaches it
 CLEARANCE = 2.8  # m: lane centre lines closer than this cannot be driven side by side
+SHORT_LINK_MARGIN = 2.0  # m beyond our length a stretch between two junctions needs for us to
+#                          stand on it (shorter: the two are crossed as one)
 EXIT_TAIL = 6.0  # m of our exit lane counted as part of the crossing (vehicles merging in)
 PASS_AFTER = 3.0  # s the actor ahead in our lane has stood before we pass it
 PASS_RANGE = 30.0  # m: we plan a pass when the standing actor is at most this far ahead
@@ -174,10 +176,14 @@ class Autopilot:
         here = r.cum[self.idx]
         if self._pass is not None and here >= self._pass["s3"]:
             self._pass = None  # back on the route's lane
-        # --- steering: pure pursuit on a point ld metres ahead (moved over while passing)
-        ld = float(np.clip(3.0 + 0.6 * e.speed, 4.0, 12.0))
+        # --- steering: pure pursuit on a point ld metres ahead (moved over while passing), from
+        # the rear axle, as the law is derived (from the box centre, 1.45 m further on, the ego
+        # swung 1 m wide in Town07's hairpins, into the oncoming lane)
+        ld = float(np.clip(2.0 + 0.5 * e.speed, 3.0, 12.0))
+        rx = e.x - 0.5 * p.wheelbase * math.cos(e.yaw)
+        ry = e.y - 0.5 * p.wheelbase * math.sin(e.yaw)
         j = min(int(np.searchsorted(r.cum, here + ld)), len(r.pts) - 1)
-        dx, dy = r.pts[j, 0] - e.x, r.pts[j, 1] - e.y
+        dx, dy = r.pts[j, 0] - rx, r.pts[j, 1] - ry
         if self._pass is not None:
             o = self._pass_offset(float(r.cum[j]))
             dx -= o * math.sin(r.yaw[j])
@@ -357,7 +363,7 @@ class Autopilot:
         k = self.idx
         at = here + ((e.x - r.pts[k, 0]) * math.cos(r.yaw[k])
                      + (e.y - r.pts[k, 1]) * math.sin(r.yaw[k]))
-        for cr in self.crossings:
+        for n, cr in enumerate(self.crossings):
             front = cr.entry - at - half
             if front < -0.5:
                 continue  # our nose is in it (or it is behind us)
@@ -365,7 +371,16 @@ class Autopilot:
                 break
             if v * v / (2.0 * COMMIT_DECEL) > front + 0.5:
                 return math.inf  # we could not stop short of it any more
-            return front if self._must_yield(cr, snap, here) else math.inf
+            # junctions joined by a stretch too short to stand on are crossed as one: we wait
+            # before the first while we must give way in any of them (standing at the second's
+            # stop line inside the first, we kept a vehicle that waited for us in the second
+            # from leaving it: Town07)
+            group = [cr]
+            for nxt in self.crossings[n + 1:]:
+                if nxt.entry - group[-1].exit >= self.ego.length + SHORT_LINK_MARGIN:
+                    break
+                group.append(nxt)
+            return front if any(self._must_yield(c, snap, here) for c in group) else math.inf
         return math.inf
 
     def _must_yield(self, cr: "_Crossing", snap, here) -> bool:
@@ -494,6 +509,7 @@ class _Crossing:
     #                  and our route arc lengths where that happens
     feeders: dict  # lane outside the junction -> [(approach lane, distance from the lane's end to
     #                the junction, conflicting lanes the approach leads into)]
+    exit: float = math.inf  # route arc length of the first point after the junction
 
 
 def _crossing(rm: RoadMap, r: Route, i0: int, vcurve: np.ndarray) -> _Crossing:
@@ -561,13 +577,13 @@ def _crossing(rm: RoadMap, r: Route, i0: int, vcurve: np.ndarray) -> _Crossing:
     for A, group in groups.items():
         feeders.setdefault(A, []).append((A, 0.0, group))
         if rm.length[A] < 40.0:  # lanes between junctions can be short: look one further back
-            for B in rm.predecessors(A):
-                B = int(B)
-                if rm.junction[B] < 0 and B not in mine:
+            for B in rm.predecessors(A):  # (into the junction before, if A is a short link: a
+                B = int(B)                # vehicle still in that one is on its way here too)
+                if B not in mine and (rm.junction[B] < 0 or rm.junction[B] != jid):
                     feeders.setdefault(B, []).append((A, float(rm.length[A]), group))
     vmax = float(np.clip(vcurve[i0:i1 + 1].min(), 2.0, 8.0))
     return _Crossing(float(r.cum[i0]), vmax, path, r.yaw[i0:i2 + 1], centre, radius, points,
-                     conflicts, feeders)
+                     conflicts, feeders, float(r.cum[i1]))
 
 
 def _match_lanes(rm: RoadMap, cr: _Crossing, x: float, y: float, yaw: float):

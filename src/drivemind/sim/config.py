@@ -41,6 +41,24 @@ class TrafficParams:
     lookahead: float = 60.0  # m along the path for leaders and stop lines
     request_margin: float = 8.0  # m added to the braking distance when asking for a junction
     conflict_distance: float = 2.6  # m: connectors closer than this conflict
+    junction_conflict: str = "boxes"  # which ways through a junction conflict: boxes: those whose
+    #                                   centre lines come within conflict_distance, and those
+    #                                   where a car's box on the one overlaps a car's box on the
+    #                                   other (in a bend the box cuts inside: two opposite left
+    #                                   turns 2.7 m apart touch); centre: only the centre lines
+    #                                   (the behaviour before; the study pins it)
+    junction_exit: str = "way"  # where the room a vehicle needs beyond a junction before it is
+    #                             let in is measured from: way: the end of its whole way through
+    #                             (a junction road of several lane sections), and a way ending in a
+    #                             stretch too short to stand on is not entered while the ego is
+    #                             on a lane crossing the way on through the next junction; lane:
+    #                             the end of the way's first lane (the behaviour before; the study
+    #                             pins it)
+    diverging_follow: str = "way"  # a vehicle that went ahead from our lane into a way through
+    #                                diverging from ours is followed as a leader: way: while it is
+    #                                on any lane of its way (a junction road of several lane
+    #                                sections); lane: only while on the way's first lane (the
+    #                                behaviour before; the study pins it)
     junction_release: str = "crossing"  # crossing: a vehicle in a junction stops holding a
     #                                    crossing way through once its rear has passed the crossing
     #                                    (plus release_margin), and vehicles follow one another
@@ -121,13 +139,18 @@ class TrafficParams:
 # (training/evaluate.py), so that every study run trains and is evaluated in the same world.
 STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
                  "walker_velocity": "crossing", "walker_anticipate": 0.0,
-                 "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane"}
+                 "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane",
+                 "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane"}
 
 
 # the values of TrafficParams.ego_behind
 EGO_BEHIND = ("ignore", "brake")
 # the values of TrafficParams.lane_change_corridor
 LANE_CHANGE_CORRIDOR = ("body", "lane")
+# the values of TrafficParams.junction_conflict, .diverging_follow and .junction_exit
+JUNCTION_CONFLICT = ("boxes", "centre")
+DIVERGING_FOLLOW = ("way", "lane")
+JUNCTION_EXIT = ("way", "lane")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -185,6 +208,12 @@ class SimConfig:
             raise ValueError(f"traffic.lane_change_corridor must be one of "
                              f"{', '.join(LANE_CHANGE_CORRIDOR)}; got "
                              f"{self.traffic.lane_change_corridor!r}")
+        for key, valid in (("junction_conflict", JUNCTION_CONFLICT),
+                           ("diverging_follow", DIVERGING_FOLLOW),
+                           ("junction_exit", JUNCTION_EXIT)):
+            if getattr(self.traffic, key) not in valid:
+                raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
+                                 f"{getattr(self.traffic, key)!r}")
         et = self.traffic.ego_turn
         if et is not None and (isinstance(et, bool) or not isinstance(et, numbers.Real)
                                or not (math.isfinite(et) and et > 0)):

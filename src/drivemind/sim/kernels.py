@@ -382,7 +382,8 @@ def _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length, 
 def traffic_step(
     dt, t,
     # map
-    offset, ds, length, pts, yaw, junction, succ, conflict, lane_light, lane_vmax, taper_stop,
+    offset, ds, length, pts, yaw, junction, succ, conflict, way_start, follow_way, exit_way,
+    lane_light, lane_vmax, taper_stop,
     # vehicles (modified in place)
     lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
     lcfrom,
@@ -538,7 +539,8 @@ def traffic_step(
                 lj = lane[j]
                 # one that went ahead from our lane into a way through diverging from ours, far
                 # enough in for us to follow it (as a leader), does not block us
-                ahead = conflict[c, lj] == 2 and s[j] - hl[j] > 2.0 * hl[i] + s0
+                ahead = (conflict[c, lj] == 2
+                         and way_start[lj] + s[j] - hl[j] > 2.0 * hl[i] + s0)
                 gone = False  # (release) past the crossing with our way, or ahead on it
                 if release and junction[lj] >= 0 and conflict[c, lj]:
                     if s[j] - hl[j] > clear[lj, c] + release_margin:
@@ -595,13 +597,15 @@ def traffic_step(
             if ok:
                 # room beyond the junction for this vehicle, counting those already granted into
                 # its exit: the free stretch along its path up to the first vehicle there (over
-                # as many short lanes as it takes, as far as the next junction)
+                # as many short lanes as it takes, as far as the next junction); with
+                # ``exit_way`` beyond the whole way through, not its first lane
                 k = nxt_k[i]
                 need = 2.0 * hl[i] + s0 + 1.0
-                if k + 1 < K and path[i, k + 1] >= 0:
-                    e = path[i, k + 1]
+                kx = _way_end(path, i, k, junction, K) if exit_way else k + 1
+                if kx < K and path[i, kx] >= 0:
+                    e = path[i, kx]
                     free = 0.0
-                    kk = k + 1
+                    kk = kx
                     blocked_at = INF
                     room_by = BLOCKED_OTHER  # who takes the room (the first one there)
                     while kk < K and path[i, kk] >= 0 and junction[path[i, kk]] < 0 and free < need:
@@ -626,7 +630,10 @@ def traffic_step(
                             continue
                         if lane[j] != e:
                             for q2 in range(K - 1):
-                                if path[j, q2] == grant[j] and path[j, q2 + 1] == e:
+                                if path[j, q2] != grant[j]:
+                                    continue
+                                qe = _way_end(path, j, q2, junction, K) if exit_way else q2 + 1
+                                if qe < K and path[j, qe] == e:
                                     free -= 2.0 * hl[j] + s0
                                     room_by = j
                                     break
@@ -636,6 +643,13 @@ def traffic_step(
                         if not (short and blocked_at == INF and free >= 0.0):
                             ok = False
                             rej[i] = room_by
+                        elif exit_way and _ego_in_way(path, i, kk, junction, conflict,
+                                                      ego_lane, ego_jlanes, ego_nj):
+                            # ... and not while the ego is in the way on through that junction:
+                            # it stood in the first, in the way of the ego waiting to leave the
+                            # second for it (Town07)
+                            ok = False
+                            rej[i] = BLOCKED_EGO
             if ok:
                 grant[i] = c
                 entered[i] = False
@@ -666,7 +680,14 @@ def traffic_step(
                 sj = s[j]
                 if lane[j] != l:
                     if junction[l] >= 0 and junction[lane[j]] >= 0 and conflict[l, lane[j]] == 2:
-                        pass  # on a way through that leaves l's lane with l: followed as on l
+                        # on a way through that leaves l's lane with l's: followed as on l, at
+                        # its distance along its way (traffic.diverging_follow)
+                        sj = s[j] + way_start[lane[j]] - way_start[l]
+                        if follow_way:
+                            if sj < 0.0 or sj > length[l]:
+                                continue  # alongside an earlier or a later lane of our way
+                            if release and s[j] - hl[j] > clear[lane[j], l] + release_margin:
+                                continue  # past where the two ways part: not in ours
                     elif lcfrom[j] == l and abs(lat[j]) >= 0.5:
                         # changing lanes away from l and not yet across: still in our way
                         sj = s[j] * length[l] / max(length[lane[j]], 1e-3)
@@ -910,6 +931,30 @@ def traffic_step(
     for i in range(n):
         longest = max(longest, stuck[i])
     return longest
+
+
+@nb.njit(cache=True, inline="always")
+def _way_end(path, i, k, junction, K):
+    """Index in vehicle i's path of the first lane after the way through that starts at index
+    k (the lanes of k's junction in a row)."""
+    jid = junction[path[i, k]]
+    kx = k + 1
+    while kx < K and path[i, kx] >= 0 and junction[path[i, kx]] == jid:
+        kx += 1
+    return kx
+
+
+@nb.njit(cache=True)
+def _ego_in_way(path, i, k, junction, conflict, ego_lane, ego_jlanes, ego_nj):
+    """Whether the ego is on a junction lane crossing the way through that starts at index k of
+    vehicle i's path."""
+    c = path[i, k]
+    if ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
+        return True
+    for q in range(ego_nj):
+        if conflict[c, ego_jlanes[q]]:
+            return True
+    return False
 
 
 @nb.njit(cache=True)

@@ -11,23 +11,97 @@ import numpy as np
 from ..maps.roadmap import RoadMap
 
 
-def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None) -> np.ndarray:
+# traffic.junction_conflict='boxes': the box two ways through are tested with, the largest background
+# vehicle's half length and half width (world.CLASS_PARAMS' car), and the margin added to its half
+# width on each side
+VEHICLE_BOX = (2.45, 1.0)
+BOX_MARGIN = 0.1
+POSE_SUBSTEPS = 4  # poses tested per segment between two lane points
+
+
+def lane_poses(rm: RoadMap, lane: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(xy, yaw, s) of the poses a vehicle on ``lane`` takes as :func:`kernels.lane_pose` places
+    it: POSE_SUBSTEPS positions on each segment between two lane points, each at the heading of
+    the segment's first point (so in a bend a vehicle's box turns in steps, as in the world)."""
+    a, b = int(rm.offset[lane]), int(rm.offset[lane + 1])
+    p, y, s = rm.pts[a:b], rm.yaw[a:b], rm.s[a:b]
+    if len(p) < 2:
+        return p, y, s
+    t = np.arange(POSE_SUBSTEPS) / POSE_SUBSTEPS
+    xy = (p[:-1, None, :] * (1.0 - t)[None, :, None] + p[1:, None, :] * t[None, :, None])
+    ss = s[:-1, None] * (1.0 - t)[None, :] + s[1:, None] * t[None, :]
+    return (np.concatenate([xy.reshape(-1, 2), p[-1:]]),
+            np.concatenate([np.repeat(y[:-1], POSE_SUBSTEPS), y[-2:-1]]),
+            np.concatenate([ss.reshape(-1), s[-1:]]))
+
+
+def boxes_touch(pa: np.ndarray, ya: np.ndarray, pb: np.ndarray, yb: np.ndarray,
+                half: tuple[float, float]) -> np.ndarray:
+    """(len(pa),) bool: a box of half length and half width ``half`` at pose i of (pa, ya)
+    overlaps the box at some pose of (pb, yb) (separating axis test)."""
+    out = np.zeros(len(pa), np.bool_)
+    if not len(pa) or not len(pb):
+        return out
+    hl, hw = half
+    reach = 2.0 * math.hypot(hl, hw)
+    d = pb[None, :, :] - pa[:, None, :]
+    ia, ib = np.nonzero((d ** 2).sum(-1) < reach * reach)
+    if not len(ia):
+        return out
+    d = d[ia, ib]
+    ca, sa, cb, sb = np.cos(ya[ia]), np.sin(ya[ia]), np.cos(yb[ib]), np.sin(yb[ib])
+    apart = np.zeros(len(ia), np.bool_)
+    for nx, ny in ((ca, sa), (-sa, ca), (cb, sb), (-sb, cb)):
+        gap = np.abs(d[:, 0] * nx + d[:, 1] * ny)
+        ra = hl * np.abs(nx * ca + ny * sa) + hw * np.abs(ny * ca - nx * sa)
+        rb = hl * np.abs(nx * cb + ny * sb) + hw * np.abs(ny * cb - nx * sb)
+        apart |= gap > ra + rb
+    out[ia[~apart]] = True
+    return out
+
+
+def _box_half(box: bool) -> tuple[float, float] | None:
+    return (VEHICLE_BOX[0], VEHICLE_BOX[1] + BOX_MARGIN) if box else None
+
+
+MIN_BOX_LANE = 0.1  # m: a shorter lane (a degenerate lane section) has no heading to test a box at
+
+
+def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None, *,
+                    box: bool = False, ways: bool = False) -> np.ndarray:
     """conflict[a, b] (int8, nonzero: conflict): junction lanes a and b (same junction, a != b)
     come within ``dist`` m, directly or through the lanes chained to them (see
-    :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane."""
+    :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane (with
+    ``ways``: every lane of the one way against every lane of the other).
+
+    ``box`` (traffic.junction_conflict='boxes'): they also conflict where a vehicle's box
+    (VEHICLE_BOX, BOX_MARGIN wider on each side) at a pose on one overlaps that box at a pose on
+    the other: centre lines further apart than ``dist`` can still bring two bodies together where
+    the ways curve (two opposite left turns whose boxes cut inside the bend)."""
     L = rm.n_lanes
     out = np.zeros((L, L), np.bool_)
+    half = _box_half(box)
+    reach = 2.0 * math.hypot(*half) if half else 0.0
     for j in rm.junction_ids:
         lanes = np.flatnonzero(rm.junction == j)
         P = [rm.lane_points(a) for a in lanes]
+        poses: dict = {}
         for ia in range(len(lanes)):
             for ib in range(ia + 1, len(lanes)):
                 pa, pb = P[ia], P[ib]
                 d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
-                if d2.min() < dist * dist:
+                hit = d2.min() < dist * dist
+                if (not hit and half and d2.min() < reach * reach
+                        and min(rm.length[lanes[ia]], rm.length[lanes[ib]]) >= MIN_BOX_LANE):
+                    for q in (ia, ib):
+                        if q not in poses:
+                            poses[q] = lane_poses(rm, int(lanes[q]))
+                    hit = bool(boxes_touch(poses[ia][0], poses[ia][1], poses[ib][0],
+                                           poses[ib][1], half).any())
+                if hit:
                     out[lanes[ia], lanes[ib]] = out[lanes[ib], lanes[ia]] = True
     succ = rm.succ if succ is None else succ
-    return _mark_siblings(rm, _chain_conflicts(rm, out, succ), succ)
+    return _mark_siblings(rm, _chain_conflicts(rm, out, succ), succ, ways)
 
 
 def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndarray:
@@ -69,10 +143,13 @@ def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndar
     return out
 
 
-def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray) -> np.ndarray:
+def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray,
+                   ways: bool = False) -> np.ndarray:
     """conflict as int8: 1 where two junction lanes conflict, 2 where they are the first lanes of
     two ways through that leave the same lane (they overlap where they start and then diverge: a
-    vehicle may follow another into them, as into one lane, rather than wait until it is out)."""
+    vehicle may follow another into them, as into one lane, rather than wait until it is out);
+    with ``ways``, 2 also between every later lane of the one way and of the other (a way of
+    several lane sections: the vehicle ahead is followed over all of it, see :func:`way_start`)."""
     out = conflict.astype(np.int8)
     for a in range(rm.n_lanes):
         if rm.junction[a] >= 0:
@@ -81,19 +158,64 @@ def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray) -> np.nd
         for x in first:
             for y in first:
                 if x != y and out[x, y]:
+                    if ways:
+                        wx, wy = _way_lanes(rm, x, succ), _way_lanes(rm, y, succ)
+                        if not wx & wy:  # ways that join again are not followed as one
+                            sub = out[np.ix_(sorted(wx), sorted(wy))]
+                            sub[sub != 0] = 2
+                            out[np.ix_(sorted(wx), sorted(wy))] = sub
                     out[x, y] = 2
     return out
 
 
+def _way_lanes(rm: RoadMap, first: int, succ: np.ndarray) -> set[int]:
+    """The junction lanes of the way through starting with junction lane ``first``: it and the
+    lanes after it within its junction."""
+    seen, todo = {first}, [first]
+    while todo:
+        x = todo.pop()
+        for y in succ[x][succ[x] >= 0].tolist():
+            if rm.junction[y] == rm.junction[first] and y not in seen:
+                seen.add(y)
+                todo.append(y)
+    return seen
+
+
+def way_start(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
+    """(L,) float64: how far a junction lane starts from the start of its way through (the
+    shortest distance over the lanes before it within its junction; 0 for a way's first lane and
+    outside junctions). traffic.follow_ahead='way' measures a vehicle on a way that diverges from
+    ours by it, as if on our lane."""
+    L = rm.n_lanes
+    start = np.full(L, np.inf)
+    todo = []
+    for a in range(L):
+        if rm.junction[a] < 0:
+            start[a] = 0.0
+            for b in succ[a][succ[a] >= 0].tolist():
+                if rm.junction[b] >= 0 and start[b] > 0.0:
+                    start[b] = 0.0
+                    todo.append(b)
+    while todo:  # lanes are few per junction: a plain relaxation
+        x = todo.pop()
+        for y in succ[x][succ[x] >= 0].tolist():
+            if rm.junction[y] == rm.junction[x] and start[x] + rm.length[x] < start[y]:
+                start[y] = start[x] + rm.length[x]
+                todo.append(y)
+    start[~np.isfinite(start)] = 0.0  # junction lanes no way leads into
+    return start
+
+
 def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
-                          succ: np.ndarray | None = None) -> np.ndarray:
+                          succ: np.ndarray | None = None, *, box: bool = False) -> np.ndarray:
     """clear[a, c] (float64, L x L): how far along junction lane ``a`` (m from its start) a
     vehicle's rear must be before it no longer stands in the way of a vehicle entering the way
     through that starts with junction lane ``c``: the last point of ``a`` within ``dist`` m of any
     lane of ``c``'s chain (see :func:`_chain_conflicts`), 0 where ``a`` comes near it only through
     the lanes chained before it, and ``inf`` where a lane chained after ``a`` comes near it (the
     vehicle has not passed the crossing yet) or where ``a`` and ``c`` do not conflict. Used by
-    ``traffic.junction_release='crossing'``."""
+    ``traffic.junction_release='crossing'``. With ``box`` (as :func:`conflict_matrix`), also the
+    rear of the last pose of ``a`` whose box overlaps a box on ``c``'s chain."""
     L = rm.n_lanes
     clear = np.full((L, L), np.inf)
     succ = rm.succ if succ is None else succ
@@ -127,19 +249,43 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
     pts = {a: rm.lane_points(a) for a in jl.tolist()}
     s0 = {a: rm.s[rm.offset[a]:rm.offset[a + 1]] for a in jl.tolist()}
 
+    half = _box_half(box)
+    poses = {a: lane_poses(rm, a) for a in jl.tolist() if rm.length[a] >= MIN_BOX_LANE} if half \
+        else {}
+
     def near(pa, pb):  # (len(pa),) bool: point of pa within dist of some point of pb
         d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
         return d2.min(1) < dist * dist
+
+    memo: dict = {}
+
+    def last_near(a, group):  # the last s of a near the lanes of group (-inf: none)
+        key = (a, id(group))  # the groups are shared sets (comp)
+        if key not in memo:
+            memo[key] = _last_near(a, group)
+        return memo[key]
+
+    def _last_near(a, group):
+        other = np.concatenate([pts[x] for x in sorted(group)])
+        m = near(pts[a], other)
+        last = float(s0[a][m].max()) if m.any() else -np.inf
+        if half and a in poses:
+            mine = poses[a]
+            theirs = [poses[x] for x in sorted(group) if x in poses]
+            if theirs:
+                m = boxes_touch(mine[0], mine[1], np.concatenate([q[0] for q in theirs]),
+                                np.concatenate([q[1] for q in theirs]), half)
+                if m.any():  # as the rear of that box (the world releases by the rear)
+                    last = max(last, float(mine[2][m].max()) - half[0])
+        return last
 
     for a in jl.tolist():
         for c in np.flatnonzero(conflict[a]).tolist():
             if rm.junction[c] < 0:
                 continue
-            other = np.concatenate([pts[x] for x in sorted(comp[c])])
-            if any(near(pts[d], other).any() for d in after[a]):
+            if any(last_near(d, comp[c]) > -np.inf for d in after[a]):
                 continue  # the crossing is still ahead of a vehicle on a
-            m = near(pts[a], other)
-            clear[a, c] = float(s0[a][m].max()) if m.any() else 0.0
+            clear[a, c] = max(0.0, last_near(a, comp[c]))
     return clear
 
 
@@ -521,22 +667,27 @@ def linked_roadmap(rm: RoadMap) -> RoadMap:
 def traffic_tables(rm: RoadMap, traffic) -> dict:
     """All tables for a TrafficParams, cached on the RoadMap per relevant parameters."""
     cache = rm.__dict__.setdefault("_traffic_tables", {})
+    box = traffic.junction_conflict == "boxes"
+    ways = traffic.diverging_follow == "way"
     key = (traffic.conflict_distance, traffic.speed_limit_kmh, traffic.lateral_accel, traffic.signals,
-           traffic.signal_phases)
+           traffic.signal_phases, box, ways)
     if key not in cache:
         succ = traffic_successors(rm)
         sites, at_j = crossing_sites(rm, succ)
-        conflict = conflict_matrix(rm, traffic.conflict_distance, succ)
+        lights = light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases)
+        conflict = conflict_matrix(rm, traffic.conflict_distance, succ, box=box, ways=ways)
         cache[key] = dict(
             conflict=conflict,
             vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
-            lights=light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases),
+            lights=lights,
             sites=sites,
             site_at_junction=at_j,
             succ=succ,
+            # where each junction lane starts along its way through (0 everywhere with 'lane')
+            way_start=way_start(rm, succ) if ways else np.zeros(rm.n_lanes),
         )
     tab = cache[key]
     if traffic.junction_release == "crossing" and "clear" not in tab:
         tab["clear"] = conflict_clear_points(rm, traffic.conflict_distance, tab["conflict"],
-                                             tab["succ"])
+                                             tab["succ"], box=box)
     return tab

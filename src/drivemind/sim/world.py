@@ -95,6 +95,7 @@ class LiteWorld:
         tp = self.cfg.traffic
         tab = traffic_tables(roadmap, tp)
         self.conflict = tab["conflict"]
+        self.way_start = tab["way_start"]
         self._release = tp.junction_release == "crossing"
         self.clear = tab["clear"] if self._release else np.zeros((1, 1))
         self.lane_vmax = tab["vmax"]
@@ -560,6 +561,8 @@ class LiteWorld:
         if n:
             m = K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
+                self.way_start,
+                tp.diverging_follow == "way", tp.junction_exit == "way",
                 self.lights.lane_light, self.lane_vmax, self.taper_stop,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
                 self.v_entered, self.v_wait, self.v_stuck,
