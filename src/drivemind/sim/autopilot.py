@@ -177,11 +177,13 @@ class Autopilot:
         if self._pass is not None and here >= self._pass["s3"]:
             self._pass = None  # back on the route's lane
         # --- steering: pure pursuit on a point ld metres ahead (moved over while passing), from
-        # the rear axle, as the law is derived (from the box centre, 1.45 m further on, the ego
-        # swung 1 m wide in Town07's hairpins, into the oncoming lane)
-        ld = float(np.clip(2.0 + 0.5 * e.speed, 3.0, 12.0))
-        rx = e.x - 0.5 * p.wheelbase * math.cos(e.yaw)
-        ry = e.y - 0.5 * p.wheelbase * math.sin(e.yaw)
+        # a point half-way between the box centre and the rear axle, on a point 1 m + 0.5 s x
+        # speed ahead (2-12 m): from the box centre, 4-12 m ahead (before), the ego cut 1.2 m
+        # inside a 6.5 m hairpin (on Town07, into the oncoming lane); from the rear axle, as the
+        # law is derived, it swung 0.7 m wide on the way out; half-way, within 0.3 m
+        ld = float(np.clip(1.0 + 0.5 * e.speed, 2.0, 12.0))
+        rx = e.x - 0.25 * p.wheelbase * math.cos(e.yaw)
+        ry = e.y - 0.25 * p.wheelbase * math.sin(e.yaw)
         j = min(int(np.searchsorted(r.cum, here + ld)), len(r.pts) - 1)
         dx, dy = r.pts[j, 0] - rx, r.pts[j, 1] - ry
         if self._pass is not None:
