@@ -299,14 +299,15 @@ def _block_ring(world):
     raise AssertionError("no block ring found")
 
 
-def _gridlocked_world(wait_cycle_after):
+def _gridlocked_world(wait_cycle_after, **traffic):
     """A real gridlock on the grid town: queues fill the four lanes round a block, every vehicle
     turning onto the next of them, so each queue's head waits for room that the tail of the next
     queue takes, round the block (a cycle of waits; no light, no ego, nothing else in the way)."""
     from drivemind.sim.world import PATH_LEN
 
     cfg = SimConfig(vehicles=60, traffic=TrafficParams(signals="none", stuck_respawn=None,
-                                                       wait_cycle_after=wait_cycle_after))
+                                                       wait_cycle_after=wait_cycle_after,
+                                                       **traffic))
     world = LiteWorld(load_town("grid"), cfg)
     world.reset(seed=0, ego_pose=(1e5, 1e5, 0.0))
     ring, ways = _block_ring(world)
@@ -402,3 +403,23 @@ def test_no_lane_change_into_a_lane_a_vehicle_is_still_leaving():
             changed_beside = True
     assert world.npc_collision_total == 0
     assert not changed_beside
+
+
+@pytest.mark.parametrize("rule", ["rotate", "first"])
+def test_a_cycle_found_again_is_broken_by_the_next_member(rule, caplog):
+    """The gridlock round a block, found twice in a row (nothing moved in between): with
+    'rotate' the second break starts from the next member, so another vehicle takes another way;
+    with 'first' (the rule before) the same one does again (on Town07's linked junctions the same
+    vehicle changed its way 40 times while the cycle stood, until the respawn)."""
+    world = _gridlocked_world(None, wait_cycle_break=rule)  # no detector while it forms
+    for _ in range(300):  # 30 s: all standing
+        world.step((0.0, 0.0))
+    movers = []
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="drivemind.sim.world"):
+            assert world._break_wait_cycles(5.0) == 1
+        msg = [r.getMessage() for r in caplog.records if "takes another way" in r.getMessage()]
+        assert len(msg) == 1
+        movers.append(msg[0].split("broken: vehicle ")[1].split()[0])
+    assert (movers[0] != movers[1]) == (rule == "rotate")

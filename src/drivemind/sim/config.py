@@ -129,6 +129,12 @@ class TrafficParams:
     #                                     (the behaviour before; the study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
+    wait_cycle_break: str = "rotate"  # who acts when a cycle is broken (world._break_wait_cycles):
+    #                                   rotate: a cycle of the same vehicles found again starts
+    #                                   from the next member (the way the first took did not free
+    #                                   it: Town07's linked junctions, 40 times in a row); first:
+    #                                   always the member with the lowest id (the behaviour before;
+    #                                   the study pins it)
     stuck_respawn: float | None = 60.0  # s standing (not at a red light) before a vehicle is
     #                                     respawned elsewhere (SUMO's teleport); None: never
 
@@ -140,7 +146,8 @@ class TrafficParams:
 STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_green": None,
                  "walker_velocity": "crossing", "walker_anticipate": 0.0,
                  "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane",
-                 "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane"}
+                 "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
+                 "wait_cycle_break": "first"}
 
 
 # the values of TrafficParams.ego_behind
@@ -151,6 +158,7 @@ LANE_CHANGE_CORRIDOR = ("body", "lane")
 JUNCTION_CONFLICT = ("boxes", "centre")
 DIVERGING_FOLLOW = ("way", "lane")
 JUNCTION_EXIT = ("way", "lane")
+WAIT_CYCLE_BREAK = ("rotate", "first")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -210,7 +218,8 @@ class SimConfig:
                              f"{self.traffic.lane_change_corridor!r}")
         for key, valid in (("junction_conflict", JUNCTION_CONFLICT),
                            ("diverging_follow", DIVERGING_FOLLOW),
-                           ("junction_exit", JUNCTION_EXIT)):
+                           ("junction_exit", JUNCTION_EXIT),
+                           ("wait_cycle_break", WAIT_CYCLE_BREAK)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

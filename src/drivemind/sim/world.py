@@ -253,6 +253,7 @@ class LiteWorld:
         self.v_wait = np.zeros(n)
         self.v_stuck = np.zeros(n)  # s standing, not at a red light
         self.v_blocker = np.full(n, K.NO_BLOCKER, np.int64)  # whom it waits for (traffic_step)
+        self._cycle_tries: dict = {}  # waits-for cycle (its members' ids) -> times broken
         self._cycle = np.full(n, -1, np.int64)
         self.v_lat = np.zeros(n)  # m off the lane centre (right +) while changing lanes
         self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
@@ -354,7 +355,9 @@ class LiteWorld:
 
         1. the member with the lowest id that waits at a junction entry and has another way
            through there takes it (the first one whose exit has room, else the first other one);
-           background vehicles have no destination, so a turn changed costs nothing;
+           background vehicles have no destination, so a turn changed costs nothing; with
+           ``traffic.wait_cycle_break='rotate'`` a cycle of the same vehicles found again (the
+           way taken did not free it) starts from the next member in id order, and so on;
         2. else the member with the lowest id holding a reservation it has not yet used gives
            it back.
 
@@ -366,6 +369,12 @@ class LiteWorld:
         broken = 0
         for c in range(nc):
             members = sorted(np.flatnonzero(self._cycle == c).tolist(), key=lambda i: self.v_id[i])
+            if self.cfg.traffic.wait_cycle_break == "rotate":
+                # the same cycle again (the way taken did not free it): the next member tries
+                key = tuple(int(self.v_id[i]) for i in members)
+                tries = self._cycle_tries.get(key, 0)
+                self._cycle_tries[key] = tries + 1
+                members = members[tries % len(members):] + members[:tries % len(members)]
             how = None
             for i in members:
                 if self._take_other_way(i):
