@@ -373,19 +373,24 @@ class Autopilot:
                 break
             if v * v / (2.0 * COMMIT_DECEL) > front + 0.5:
                 return math.inf  # we could not stop short of it any more
-            # junctions joined by a stretch too short to stand on are crossed as one: we wait
-            # before the first while we must give way in any of them (standing at the second's
-            # stop line inside the first, we kept a vehicle that waited for us in the second
-            # from leaving it: Town07)
-            group = [cr]
+            if self._must_yield(cr, snap, here):
+                return front
+            # junctions joined by a stretch too short to stand on are crossed as one: we also
+            # wait before the first while a vehicle in one after it is on a lane crossing our way
+            # (standing at the second's stop line inside the first, we kept a vehicle that waited
+            # for us in the second from leaving it: Town07). Those still coming up to the later
+            # one are left to when we are there (timed from here, every one would come first)
+            last = cr
             for nxt in self.crossings[n + 1:]:
-                if nxt.entry - group[-1].exit >= self.ego.length + SHORT_LINK_MARGIN:
+                if nxt.entry - last.exit >= self.ego.length + SHORT_LINK_MARGIN:
                     break
-                group.append(nxt)
-            return front if any(self._must_yield(c, snap, here) for c in group) else math.inf
+                if self._must_yield(nxt, snap, here, inside_only=True):
+                    return front
+                last = nxt
+            return math.inf
         return math.inf
 
-    def _must_yield(self, cr: "_Crossing", snap, here) -> bool:
+    def _must_yield(self, cr: "_Crossing", snap, here, inside_only: bool = False) -> bool:
         act = snap.actors
         if len(act) == 0:
             return False
@@ -407,6 +412,8 @@ class Autopilot:
                     c = cr.conflicts.get(lane)
                     if c is not None and s - hl < c[1]:
                         return True
+                continue
+            if inside_only:
                 continue
             p = nearest_point(*grid.args(), rm.pts, rm.yaw, x, y, yaw, 0.6, 2.5)
             if p < 0:
