@@ -312,6 +312,14 @@ def test_the_autopilot_crosses_two_junctions_joined_by_a_short_link_as_one():
     K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
     snap = world.step((0.0, -1.0))
     assert pilot._junction_gap(snap, here) == math.inf
+    # one still coming up to junction 2 is left until the ego is there (timed from before
+    # junction 1, every one would come first: it waited 67 s on Town07 at drivevlm)
+    _place(world, 0, ix["ein"], rm.length[ix["ein"]] - 20.0, 6.0, [ix["ein"], ix["w"]])
+    world.v_vcap[0] = 30.0
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    snap = world.step((0.0, -1.0))
+    assert snap.actors.velocity[0, 1] > 5.0  # it is coming
+    assert pilot._junction_gap(snap, here) == math.inf
 
 
 @pytest.mark.parametrize("exit_rule", ["way", "lane"])
