@@ -170,3 +170,25 @@ def test_the_fallback_route_starts_where_the_last_one_ended():
     # near the road's end no spawn point ahead is far enough on: none (the caller restarts)
     x2, y2, _ = rm.pose_at(own, 260.0)
     assert route_ahead(rm, (own, 260.0), x2, y2, yaw) is None
+
+
+def test_after_a_restart_the_expert_waits_for_a_snapshot_that_shows_it_there():
+    """restart_elsewhere moves the ego; the caller's last snapshot still shows it where it was.
+    Acting on that one, the expert located itself at its new route's end (the nearest point to
+    its old place within reach), was done at once, planned its next route from there, 60 m
+    ahead, and drove through a queue to it (esmini's simple_4way_intersection). It now stands
+    until a snapshot shows it at its new start, and then drives its route from the start."""
+    rm = _two_way_road()
+    cfg = SimConfig(vehicles=0, walkers=0)
+    world = LiteWorld(rm, cfg)
+    snap = world.reset(seed=0, ego_pose=(LENGTH - 2.0, 0.0, 0.0))  # at the +x lane's open end
+    pilot = Autopilot(rm, plan_route(rm, (rm.key_index[FWD], 10.0), (rm.key_index[FWD], 80.0)))
+    rng = np.random.default_rng(3)
+    assert pilot.restart_elsewhere(world, rng)
+    start = pilot.route.start
+    assert math.hypot(start[0] - snap.ego.x, start[1] - snap.ego.y) > 5.0  # the snapshot is stale
+    assert pilot.act(snap) == (0.0, -1.0)  # it stands
+    assert not pilot.done and pilot.idx == 0
+    snap = world.step((0.0, -1.0))  # a snapshot of it at its new start
+    pilot.act(snap)
+    assert pilot.idx <= 2 and not pilot.done
