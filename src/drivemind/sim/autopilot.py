@@ -192,6 +192,11 @@ class Autopilot:
         # inside a 6.5 m hairpin (on Town07, into the oncoming lane); from the rear axle, as the
         # law is derived, it swung 0.7 m wide on the way out; half-way, within 0.3 m
         ld = float(np.clip(1.0 + 0.5 * e.speed, 2.0, 12.0))
+        if any(c0 - ld <= here <= c1 for c0, c1, _ in self.changes):
+            # through a lane change of the route the point stays 4-12 m ahead, as before: the
+            # route's diagonal can be steep (25 degrees on parking_demo), and followed closely
+            # the ego was over before the lane-change check had seen the car beside it
+            ld = float(np.clip(3.0 + 0.6 * e.speed, 4.0, 12.0))
         rx = e.x - 0.25 * p.wheelbase * math.cos(e.yaw)
         ry = e.y - 0.25 * p.wheelbase * math.sin(e.yaw)
         j = min(int(np.searchsorted(r.cum, here + ld)), len(r.pts) - 1)
