@@ -255,13 +255,24 @@ def linked_junctions():
     return rm, {k: rm.keys.index(v) for k, v in keys.items()}
 
 
+def _expert(world, rm, route, cfg):
+    """The expert on ``route`` after one braking step of the world as placed: (pilot, snapshot,
+    its place on the route)."""
+    from drivemind.sim.autopilot import Autopilot
+
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    snap = world.step((0.0, -1.0))
+    pilot = Autopilot(rm, route, world.lights.lane_light, cfg.ego)
+    pilot.act(snap)
+    return pilot, snap, float(route.cum[pilot.idx])
+
+
 def test_the_autopilot_gives_way_to_a_vehicle_still_in_the_junction_before_a_short_link():
     """The ego stands at junction 2's stop line; a car 3 m into junction 1 comes on at 6 m/s
     through the 2 m link into junction 2, across the ego's way. The expert must wait for it
     (before, it looked for vehicles coming up only on lanes outside junctions, missed this one,
     went, and the two stood face to face in junction 2: Town07)."""
     from drivemind.maps.routing import plan_route
-    from drivemind.sim.autopilot import Autopilot
 
     rm, ix = linked_junctions()
     cfg = SimConfig(vehicles=1, walkers=0, traffic=TrafficParams(signals="none"))
@@ -272,11 +283,7 @@ def test_the_autopilot_gives_way_to_a_vehicle_still_in_the_junction_before_a_sho
     assert len(world.v_lane) == 1
     _place(world, 0, ix["l1"], 3.0, 6.0, [ix["l1"], ix["k"], ix["l2"], ix["x2"]])
     world.v_grant[0], world.v_entered[0] = ix["l1"], True
-    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
-    snap = world.step((0.0, -1.0))
-    pilot = Autopilot(rm, route, world.lights.lane_light, cfg.ego)
-    pilot.act(snap)
-    here = float(route.cum[pilot.idx])
+    pilot, snap, here = _expert(world, rm, route, cfg)
     assert pilot._junction_gap(snap, here) < 2.0  # it waits at the stop line
     # the same car far down junction 2's exit is no reason to wait
     _place(world, 0, ix["x2"], 30.0, 6.0, [ix["x2"]])
@@ -291,7 +298,6 @@ def test_the_autopilot_crosses_two_junctions_joined_by_a_short_link_as_one():
     junction 2's stop line inside junction 1, where a car that waited for it could not leave
     junction 2: Town07). With the car gone, it goes."""
     from drivemind.maps.routing import plan_route
-    from drivemind.sim.autopilot import Autopilot
 
     rm, ix = linked_junctions()
     cfg = SimConfig(vehicles=1, walkers=0, traffic=TrafficParams(signals="none"))
@@ -302,11 +308,7 @@ def test_the_autopilot_crosses_two_junctions_joined_by_a_short_link_as_one():
     _place(world, 0, ix["w"], 5.0, 0.0, [ix["w"], ix["eout"]])
     world.v_vcap[0] = 0.0
     world.v_grant[0], world.v_entered[0] = ix["w"], True
-    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
-    snap = world.step((0.0, -1.0))
-    pilot = Autopilot(rm, route, world.lights.lane_light, cfg.ego)
-    pilot.act(snap)
-    here = float(route.cum[pilot.idx])
+    pilot, snap, here = _expert(world, rm, route, cfg)
     assert pilot._junction_gap(snap, here) < 2.0  # it waits before junction 1
     _place(world, 0, ix["eout"], 40.0, 0.0, [ix["eout"]])
     K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
