@@ -603,7 +603,7 @@ def _crossing(rm: RoadMap, r: Route, i0: int, vcurve: np.ndarray) -> _Crossing:
         if rm.length[A] < 40.0:  # lanes between junctions can be short: look one further back
             for B in rm.predecessors(A):  # (into the junction before, if A is a short link: a
                 B = int(B)                # vehicle still in that one is on its way here too)
-                if B not in mine and (rm.junction[B] < 0 or rm.junction[B] != jid):
+                if B not in mine and rm.junction[B] != jid:
                     feeders.setdefault(B, []).append((A, float(rm.length[A]), group))
     vmax = float(np.clip(vcurve[i0:i1 + 1].min(), 2.0, 8.0))
     return _Crossing(float(r.cum[i0]), vmax, path, r.yaw[i0:i2 + 1], centre, radius, points,

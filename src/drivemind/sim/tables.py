@@ -89,9 +89,9 @@ def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None, *,
         for ia in range(len(lanes)):
             for ib in range(ia + 1, len(lanes)):
                 pa, pb = P[ia], P[ib]
-                d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1)
-                hit = d2.min() < dist * dist
-                if (not hit and half and d2.min() < reach * reach
+                d2 = ((pa[:, None, :] - pb[None, :, :]) ** 2).sum(-1).min()
+                hit = d2 < dist * dist
+                if (not hit and half and d2 < reach * reach
                         and min(rm.length[lanes[ia]], rm.length[lanes[ib]]) >= MIN_BOX_LANE):
                     for q in (ia, ib):
                         if q not in poses:
@@ -161,9 +161,10 @@ def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray,
                     if ways:
                         wx, wy = _way_lanes(rm, x, succ), _way_lanes(rm, y, succ)
                         if not wx & wy:  # ways that join again are not followed as one
-                            sub = out[np.ix_(sorted(wx), sorted(wy))]
+                            ix = np.ix_(sorted(wx), sorted(wy))
+                            sub = out[ix]
                             sub[sub != 0] = 2
-                            out[np.ix_(sorted(wx), sorted(wy))] = sub
+                            out[ix] = sub
                     out[x, y] = 2
     return out
 
@@ -184,8 +185,8 @@ def _way_lanes(rm: RoadMap, first: int, succ: np.ndarray) -> set[int]:
 def way_start(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
     """(L,) float64: how far a junction lane starts from the start of its way through (the
     shortest distance over the lanes before it within its junction; 0 for a way's first lane and
-    outside junctions). traffic.follow_ahead='way' measures a vehicle on a way that diverges from
-    ours by it, as if on our lane."""
+    outside junctions). traffic.diverging_follow='way' measures a vehicle on a way that diverges
+    from ours by it, as if on our lane."""
     L = rm.n_lanes
     start = np.full(L, np.inf)
     todo = []
@@ -223,16 +224,7 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
     if not len(jl):
         return clear
     # chains: the lanes linked within one junction, and the lanes after each lane in its chain
-    after: dict[int, set[int]] = {}
-    for a in jl.tolist():
-        seen, todo = set(), [a]
-        while todo:
-            x = todo.pop()
-            for y in succ[x][succ[x] >= 0].tolist():
-                if rm.junction[y] == rm.junction[a] and y not in seen and y != a:
-                    seen.add(y)
-                    todo.append(y)
-        after[a] = seen
+    after = {a: _way_lanes(rm, a, succ) - {a} for a in jl.tolist()}
     comp: dict[int, set[int]] = {}
     for a in jl.tolist():
         if a in comp:
@@ -674,12 +666,11 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     if key not in cache:
         succ = traffic_successors(rm)
         sites, at_j = crossing_sites(rm, succ)
-        lights = light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases)
         conflict = conflict_matrix(rm, traffic.conflict_distance, succ, box=box, ways=ways)
         cache[key] = dict(
             conflict=conflict,
             vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
-            lights=lights,
+            lights=light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases),
             sites=sites,
             site_at_junction=at_j,
             succ=succ,
