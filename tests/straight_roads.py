@@ -1,6 +1,9 @@
-"""Straight one-way roads of side-by-side lanes along +x, built from LaneRecords for tests."""
+"""One-way roads of side-by-side lanes, straight along +x or with a bend, built from LaneRecords
+for tests."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -17,6 +20,40 @@ def side_by_side(name: str, length: float, lanes, step: float = 0.5):
     recs = []
     for k, (y, width) in enumerate(lanes):
         recs.append(LaneRecord(key=keys[k], points=np.stack([xs, np.full(n, float(y))], 1),
+                               width=np.full(n, float(width)), mark_left=none, mark_right=none,
+                               junction=-1, successors=[],
+                               left=keys[k - 1] if k else None,
+                               right=keys[k + 1] if k + 1 < len(lanes) else None))
+    return build_roadmap(name, recs)
+
+
+def bent_side_by_side(name: str, radius: float, angle: float, lanes, straight: float = 20.0,
+                      step: float = 0.5):
+    """Like :func:`side_by_side`, but the road runs ``straight`` m along +x, then turns right
+    (clockwise) through ``angle`` radians on an arc of ``radius`` m (its reference line, at
+    y = 0), then runs ``straight`` m on. Lane offsets are measured to the left of the reference
+    line, as ``side_by_side``'s y."""
+    n1 = int(round(straight / step))
+    na = max(2, int(round(radius * angle / step)))
+    xs, ys, hs = [], [], []
+    for k in range(n1):  # the first straight
+        xs.append(k * step), ys.append(0.0), hs.append(0.0)
+    cx, cy = n1 * step, -radius  # the arc's centre, on our right
+    for k in range(na + 1):
+        h = -angle * k / na
+        xs.append(cx + radius * math.sin(-h)), ys.append(cy + radius * math.cos(h)), hs.append(h)
+    x1, y1, h1 = xs[-1], ys[-1], hs[-1]
+    for k in range(1, n1 + 1):  # the last straight
+        xs.append(x1 + k * step * math.cos(h1)), ys.append(y1 + k * step * math.sin(h1))
+        hs.append(h1)
+    ref, hdg = np.stack([xs, ys], 1), np.array(hs)
+    nrm = np.stack([-np.sin(hdg), np.cos(hdg)], 1)  # to the left
+    n = len(ref)
+    none = np.zeros(n, np.uint8)
+    keys = [(1, 0, -(k + 1)) for k in range(len(lanes))]
+    recs = []
+    for k, (y, width) in enumerate(lanes):
+        recs.append(LaneRecord(key=keys[k], points=ref + float(y) * nrm,
                                width=np.full(n, float(width)), mark_left=none, mark_right=none,
                                junction=-1, successors=[],
                                left=keys[k - 1] if k else None,

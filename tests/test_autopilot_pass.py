@@ -168,3 +168,40 @@ def test_autopilot_finds_where_each_lane_change_ends_on_a_map_with_sparse_lane_p
     for c0, c1, side in pilot.changes:
         assert c1 - c0 == pytest.approx(LANE_CHANGE_GAP, abs=1.5)
         assert side == pytest.approx(-3.5, abs=0.2)
+
+
+@pytest.mark.parametrize("behind, taken", [(6.0, True), (15.0, True), (20.0, True), (40.0, False)])
+def test_autopilot_sees_a_car_coming_up_in_the_next_lane_inside_a_bend(behind, taken):
+    """The route changes lanes inside a 120 degree bend of radius 20 m; a car drives at 7 m/s in
+    the lane it changes to, ``behind`` m back along that lane, while the ego creeps at 2 m/s 3 m
+    short of the change. The expert waits for it (and not for one far back). Before, it placed
+    cars in its own frame: 15 m back in the bend, the car was 50 degrees off its heading and read
+    as in no lane beside it, and the change's side was taken from the diagonal's chord (4.8 m
+    instead of 3.5): on Town06 the expert changed lanes into such a car."""
+    from straight_roads import bent_side_by_side
+
+    rm = bent_side_by_side("bend", 20.0, math.radians(120), [(0.0, 3.5), (-3.5, 3.5)],
+                           straight=40.0)
+    a, b = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    route = plan_route(rm, (a, 30.0), (b, float(rm.length[b]) - 10.0))
+    pilot = Autopilot(rm, route)
+    (c0, c1, side), = pilot.changes
+    assert side == pytest.approx(-3.5, abs=0.1)
+    i = int(np.searchsorted(route.cum, c0 - pilot.ego.length / 2 - 3.0))
+    assert 40.0 < 30.0 + route.cum[i] < 40.0 + 20.0 * math.radians(120)  # in the bend
+    cfg = density_config("empty", vehicles=1)
+    cfg = dataclasses.replace(cfg, traffic=dataclasses.replace(
+        cfg.traffic, stuck_respawn=None, wait_cycle_after=None, lane_changes=False))
+    world = LiteWorld(rm, cfg)
+    pose = (float(route.pts[i, 0]), float(route.pts[i, 1]), float(route.yaw[i]))
+    world.reset(0, ego_pose=pose, ego_speed=2.0)
+    q = rm.lane_points(b)
+    k = int(np.argmin(np.hypot(q[:, 0] - pose[0], q[:, 1] - pose[1])))
+    world.v_lane[0], world.v_s[0], world.v_v[0] = b, float(rm.s[rm.offset[b] + k]) - behind, 7.0
+    world.v_cls[0] = int(ActorClass.CAR)
+    world._fill_path(0)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    snap = world.step((0.0, 0.0))
+    pilot.tracker.locate(snap.ego.x, snap.ego.y)
+    gap = pilot._lane_change_gap(snap, float(route.cum[pilot.idx]))
+    assert (gap < math.inf) == taken, gap

@@ -108,7 +108,11 @@ class Autopilot:
             qa = rm.lane_points(a)
             ka = int(np.argmin(np.hypot(qa[:, 0] - r.pts[i, 0], qa[:, 1] - r.pts[i, 1])))
             ha = float(rm.yaw[rm.offset[a] + ka])
-            dx, dy = r.pts[j, 0] - r.pts[i, 0], r.pts[j, 1] - r.pts[i, 1]
+            # lane b's offset beside lane a where the diagonal starts, across lane a's heading
+            # there: from the diagonal's chord (before), a change inside a bend (Town06) read as
+            # 0.5 m over instead of 3.5 m, and the check looked for cars in the wrong place
+            kb = int(np.argmin(np.hypot(qb[:, 0] - r.pts[i, 0], qb[:, 1] - r.pts[i, 1])))
+            dx, dy = qb[kb, 0] - qa[ka, 0], qb[kb, 1] - qa[ka, 1]
             side = -dx * math.sin(ha) + dy * math.cos(ha)
             self.changes.append((float(r.cum[i]), float(r.cum[j]), float(side)))
 
@@ -493,18 +497,39 @@ class Autopilot:
     def _lane_taken(self, snap, here, side, c0, c1, join: bool = False) -> bool:
         """A vehicle in the lane ``side`` m beside ours (+ right) overlaps our route's stretch
         c0..c1 (arc lengths), or comes up from behind too close to it. ``join`` (a lane change of
-        the route, not a pass): a vehicle standing ahead of our nose does not count."""
+        the route, not a pass): the route moves over to that lane along c0..c1, and a vehicle
+        standing ahead of our nose does not count.
+
+        Vehicles are placed along our route (arc length, offset across it and heading against
+        the route's there), not in our own frame: in a bend a car 10 m behind in the next lane
+        is 40 degrees off our heading and metres off its lane's line in our frame, and was
+        missed (Town06: the expert changed lanes into it)."""
         act, e, half = snap.actors, snap.ego, self.ego.length / 2
         if len(act) == 0:
             return False
         veh = _VEHICLE[act.cls]
-        c, s = math.cos(e.yaw), math.sin(e.yaw)
-        dx, dy = act.pos[:, 0] - e.x, act.pos[:, 1] - e.y
-        lx, ly = dx * c + dy * s, -dx * s + dy * c
-        same_dir = np.cos(act.yaw - e.yaw) > 0.8
-        beside = veh & same_dir & (np.abs(ly - side) < 1.8) & (np.abs(lx) < 60.0)
-        for a in np.flatnonzero(beside):
-            ax = here + float(lx[a])  # its place along our route
+        near = veh & (np.hypot(act.pos[:, 0] - e.x, act.pos[:, 1] - e.y) < 80.0)
+        if not near.any():
+            return False
+        r = self.route
+        i0 = int(np.searchsorted(r.cum, min(here, c0) - 70.0))
+        i1 = min(int(np.searchsorted(r.cum, max(here, c1) + 70.0)), len(r.pts) - 1)
+        idx = np.flatnonzero(near)
+        pts = r.pts[i0:i1 + 1]
+        d = np.hypot(act.pos[idx, 0, None] - pts[None, :, 0], act.pos[idx, 1, None] - pts[None, :, 1])
+        k = i0 + np.argmin(d, axis=1)
+        c, s = np.cos(r.yaw[k]), np.sin(r.yaw[k])
+        dx, dy = act.pos[idx, 0] - r.pts[k, 0], act.pos[idx, 1] - r.pts[k, 1]
+        along = r.cum[k] + dx * c + dy * s  # its place along our route
+        across = -dx * s + dy * c
+        if join and c1 > c0:  # where the route runs diagonally over, the lane comes closer
+            want = side * np.clip((c1 - along) / (c1 - c0), 0.0, 1.0)
+        else:
+            want = np.full(len(idx), side)
+        beside = (np.cos(act.yaw[idx] - r.yaw[k]) > 0.8) & (np.abs(across - want) < 1.8) \
+            & (np.abs(along - here) < 60.0)
+        for n in np.flatnonzero(beside):
+            a, ax = int(idx[n]), float(along[n])
             hl = float(act.extent[a, 0])
             va = float(np.hypot(*act.velocity[a]))
             if join and va < QUEUE_SPEED and ax - hl > here + half + self.s0:
