@@ -33,27 +33,36 @@ def bent_side_by_side(name: str, radius: float, angle: float, lanes, straight: f
     (clockwise) through ``angle`` radians on an arc of ``radius`` m (its reference line, at
     y = 0), then runs ``straight`` m on. Lane offsets are measured to the left of the reference
     line, as ``side_by_side``'s y."""
-    n1 = int(round(straight / step))
-    na = max(2, int(round(radius * angle / step)))
-    xs, ys, hs = [], [], []
-    for k in range(n1):  # the first straight
-        xs.append(k * step), ys.append(0.0), hs.append(0.0)
-    cx, cy = n1 * step, -radius  # the arc's centre, on our right
-    for k in range(na + 1):
-        h = -angle * k / na
-        xs.append(cx + radius * math.sin(-h)), ys.append(cy + radius * math.cos(h)), hs.append(h)
-    x1, y1, h1 = xs[-1], ys[-1], hs[-1]
-    for k in range(1, n1 + 1):  # the last straight
-        xs.append(x1 + k * step * math.cos(h1)), ys.append(y1 + k * step * math.sin(h1))
-        hs.append(h1)
+    return curved_side_by_side(name, [(radius, -angle)], lanes, straight, step)
+
+
+def curved_side_by_side(name: str, arcs, lanes, straight: float = 20.0, step: float = 0.5):
+    """Like :func:`side_by_side`, but the reference line runs ``straight`` m along +x, then along
+    each ``(radius, angle)`` arc in turn (angle in radians, + to the left, - to the right), then
+    ``straight`` m on. Lane offsets are measured to the left of the reference line."""
+    x, y, h = 0.0, 0.0, 0.0
+    xs, ys, hs = [x], [y], [h]
+
+    def advance(length, turn):  # turn: radians per metre
+        nonlocal x, y, h
+        for _ in range(max(1, int(round(length / step)))):
+            d = length / max(1, int(round(length / step)))
+            hm = h + 0.5 * turn * d
+            x, y, h = x + d * math.cos(hm), y + d * math.sin(hm), h + turn * d
+            xs.append(x), ys.append(y), hs.append(h)
+
+    advance(straight, 0.0)
+    for radius, angle in arcs:
+        advance(radius * abs(angle), math.copysign(1.0 / radius, angle))
+    advance(straight, 0.0)
     ref, hdg = np.stack([xs, ys], 1), np.array(hs)
     nrm = np.stack([-np.sin(hdg), np.cos(hdg)], 1)  # to the left
     n = len(ref)
     none = np.zeros(n, np.uint8)
     keys = [(1, 0, -(k + 1)) for k in range(len(lanes))]
     recs = []
-    for k, (y, width) in enumerate(lanes):
-        recs.append(LaneRecord(key=keys[k], points=ref + float(y) * nrm,
+    for k, (off, width) in enumerate(lanes):
+        recs.append(LaneRecord(key=keys[k], points=ref + float(off) * nrm,
                                width=np.full(n, float(width)), mark_left=none, mark_right=none,
                                junction=-1, successors=[],
                                left=keys[k - 1] if k else None,

@@ -33,7 +33,8 @@ STEPS, EVERY = 1200, 40
 OLD = dict(junction_release="connector", overtake="never", max_green=None, walker_velocity="crossing",
            walker_anticipate=0.0, ego_turn=None,
            ego_behind="brake", lane_change_corridor="lane", junction_conflict="centre",
-           diverging_follow="lane", junction_exit="lane", wait_cycle_break="first")
+           diverging_follow="lane", junction_exit="lane", wait_cycle_break="first",
+           lane_change_place="scale")
 
 
 def _record(town, density, seed, **traffic):

@@ -405,6 +405,57 @@ def test_no_lane_change_into_a_lane_a_vehicle_is_still_leaving():
     assert not changed_beside
 
 
+@pytest.mark.parametrize("place", ["project", "scale"])
+def test_a_vehicle_changing_lanes_in_an_s_bend_stays_where_it_is(place):
+    """Two lanes through an S-bend (70 degrees right, then left, radius 25 m): equally long, but
+    in the middle the right lane's arc length lags the left's by 4.3 m. A car stands in the left
+    lane; the car 7 m behind it moves over to the right lane to pass it. With
+    ``traffic.lane_change_place: project`` (the default) it is placed on the right lane where it
+    is and passes with no contact. With ``scale`` (the rule before, the study's) its arc length
+    was scaled by the lanes' lengths: it jumped metres forward as it moved over, and, still
+    partly in the left lane, read the standing car as further ahead than it is and ran into it
+    (esmini's tunnels, two contacts)."""
+    import math
+
+    from straight_roads import curved_side_by_side
+
+    from drivemind.sim import kernels as K
+    from drivemind.sim.snapshot import ActorClass
+
+    turn = math.radians(70)
+    rm = curved_side_by_side("s_bend", [(25.0, -turn), (25.0, turn)],
+                             [(0.0, 3.5), (-3.5, 3.5)], straight=60.0)
+    left, right = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    assert rm.length[left] == pytest.approx(rm.length[right])
+    world = LiteWorld(rm, SimConfig(vehicles=2, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, wait_cycle_after=None, lane_change_place=place)))
+    world.reset(seed=0, ego_pose=(-200.0, -200.0, 0.0))
+    for i, (s, vfac) in enumerate(((90.0, 0.0), (83.0, 1.0))):  # standing; behind it
+        world.v_cls[i] = int(ActorClass.CAR)
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = left, s, 0.0, vfac
+        world._fill_path(i)
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    moved_over, jump, passed = False, 0.0, False
+    for _ in range(250):  # 25 s
+        before = world.v_xy[1].copy()
+        world.step((0.0, -1.0))
+        if not moved_over and world.v_lane[1] == right:
+            moved_over = True
+            jump = float(np.hypot(*(world.v_xy[1] - before)))
+        if world.npc_collision_total:
+            break
+        # its place along the left lane: past the standing car
+        passed |= K._along(*world._m, left, float(world.v_s[1]), *world.v_xy[1]) > 90.0 + 5.0
+        if passed:
+            break
+    assert moved_over
+    if place == "project":
+        assert jump < 0.5, jump  # where it was, not metres along
+        assert world.npc_collision_total == 0 and passed
+    else:
+        assert jump > 2.0 and world.npc_collision_total > 0
+
+
 @pytest.mark.parametrize("rule", ["rotate", "first"])
 def test_a_cycle_found_again_is_broken_by_the_next_member(rule, caplog):
     """The gridlock round a block, found twice in a row (nothing moved in between): with

@@ -127,6 +127,15 @@ class TrafficParams:
     #                                     its body sweeps while it is still between the lanes;
     #                                     lane: the new lane's centre line at its own half width
     #                                     (the behaviour before; the study pins it)
+    lane_change_place: str = "project"  # where a vehicle changing lanes is on the lane beside
+    #                                     (its place there when it moves over, and while it is
+    #                                     still partly in the lane it left): project: the nearest
+    #                                     point of that lane; scale: its arc length scaled by the
+    #                                     two lanes' lengths, off by up to 3 m where the lanes
+    #                                     curve one way, then the other (esmini's tunnels: a car
+    #                                     moving over ran into the car standing ahead of it in
+    #                                     the lane it left; the behaviour before; the study pins
+    #                                     it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     wait_cycle_break: str = "rotate"  # who acts when a cycle is broken (world._break_wait_cycles):
@@ -147,7 +156,7 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "walker_velocity": "crossing", "walker_anticipate": 0.0,
                  "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane",
                  "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
-                 "wait_cycle_break": "first"}
+                 "wait_cycle_break": "first", "lane_change_place": "scale"}
 
 
 # the values of TrafficParams.ego_behind
@@ -159,6 +168,7 @@ JUNCTION_CONFLICT = ("boxes", "centre")
 DIVERGING_FOLLOW = ("way", "lane")
 JUNCTION_EXIT = ("way", "lane")
 WAIT_CYCLE_BREAK = ("rotate", "first")
+LANE_CHANGE_PLACE = ("project", "scale")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -219,7 +229,8 @@ class SimConfig:
         for key, valid in (("junction_conflict", JUNCTION_CONFLICT),
                            ("diverging_follow", DIVERGING_FOLLOW),
                            ("junction_exit", JUNCTION_EXIT),
-                           ("wait_cycle_break", WAIT_CYCLE_BREAK)):
+                           ("wait_cycle_break", WAIT_CYCLE_BREAK),
+                           ("lane_change_place", LANE_CHANGE_PLACE)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

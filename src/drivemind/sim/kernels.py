@@ -54,6 +54,36 @@ def lane_pose(offset, ds, length, pts, yaw, lane, s):
 
 
 @nb.njit(cache=True)
+def _along(offset, ds, length, pts, yaw, lane, s_guess, x, y):
+    """The arc length on ``lane`` nearest the point (x, y), found from ``s_guess`` by projection
+    steps on the lane's heading (a few at most: lanes beside each other run nearly parallel)."""
+    s = min(max(s_guess, 0.0), length[lane])
+    for _ in range(4):
+        px, py, h = lane_pose(offset, ds, length, pts, yaw, lane, s)
+        d = (x - px) * math.cos(h) + (y - py) * math.sin(h)
+        s2 = min(max(s + d, 0.0), length[lane])
+        if abs(s2 - s) < 0.01:
+            return s2
+        s = s2
+    return s
+
+
+@nb.njit(cache=True)
+def _place_beside(offset, ds, length, pts, yaw, lane, s, lat, target, project):
+    """Where a vehicle at arc length ``s`` of ``lane``, ``lat`` m off its centre line, is along
+    the lane ``target`` beside it (traffic.lane_change_place): project, the arc length of target
+    nearest its place; else the arc length scaled by the two lanes' lengths (the rule before:
+    off by up to 3 m where the lanes curve one way, then the other, so that a vehicle changing
+    lanes moved along by as much and read a car ahead in the lane it left as metres further)."""
+    st = s * length[target] / max(length[lane], 1e-3)
+    if not project:
+        return st
+    x, y, h = lane_pose(offset, ds, length, pts, yaw, lane, s)
+    return _along(offset, ds, length, pts, yaw, target, st, x - lat * math.sin(h),
+                  y + lat * math.cos(h))
+
+
+@nb.njit(cache=True)
 def poses(offset, ds, length, pts, yaw, lanes, s, out_xy, out_yaw):
     for i in range(lanes.shape[0]):
         x, y, h = lane_pose(offset, ds, length, pts, yaw, lanes[i], s[i])
@@ -391,7 +421,7 @@ def traffic_step(
     light_state,
     # ego and walkers as obstacles
     ego_xy, ego_yaw, ego_hl, ego_hw, ego_r, ego_lane, ego_s, ego_v, ego_jlanes, ego_nj, ego_turn,
-    ego_behind, lc_body,
+    ego_behind, lc_body, lc_project,
     walker_xy, walker_on_road, walker_yaw, walker_speed, walker_anticipate,
     rnd,
     # params
@@ -690,7 +720,8 @@ def traffic_step(
                                 continue  # past where the two ways part: not in ours
                     elif lcfrom[j] == l and abs(lat[j]) >= 0.5:
                         # changing lanes away from l and not yet across: still in our way
-                        sj = s[j] * length[l] / max(length[lane[j]], 1e-3)
+                        sj = _place_beside(offset, ds, length, pts, yaw, lane[j], s[j], lat[j],
+                                           l, lc_project)
                     else:
                         continue
                 if k == 0 and sj <= s[i]:
@@ -744,7 +775,8 @@ def traffic_step(
         # changing lanes and still partly on the old one: the vehicles ahead there count too
         lo = lcfrom[i]
         if lo >= 0 and abs(lat[i]) > 1.0:
-            so = s[i] * length[lo] / max(length[lane[i]], 1e-3)
+            so = _place_beside(offset, ds, length, pts, yaw, lane[i], s[i], lat[i], lo,
+                               lc_project)
             for j in range(n):
                 if j != i and lane[j] == lo and s[j] > so:
                     g = s[j] - so - hl[j] - hl[i]
@@ -1035,7 +1067,8 @@ def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
 
 
 @nb.njit(cache=True)
-def _leaving_beside(lane, s, hl, lat, lcfrom, length, n, target, s_t, reach, skip):
+def _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, target, s_t,
+                    reach, skip, project):
     """Whether a vehicle changing lanes out of lane ``target`` (not yet across: its lateral
     offset still puts it partly there) is within ``reach`` plus its half length of ``s_t`` along
     ``target``. :func:`_neighbours_on` sees it on its new lane only; a vehicle moving into
@@ -1043,7 +1076,8 @@ def _leaving_beside(lane, s, hl, lat, lcfrom, length, n, target, s_t, reach, ski
     for j in range(n):
         if j == skip or lcfrom[j] != target or lat[j] == 0.0:
             continue
-        sj = s[j] * length[target] / max(length[lane[j]], 1e-3)  # its place along target
+        sj = _place_beside(offset, ds, length, pts, yaw, lane[j], s[j], lat[j], target,
+                           project)  # its place along target
         if abs(sj - s_t) < reach + hl[j]:
             return True
     return False
@@ -1061,7 +1095,7 @@ def _taper_ahead(taper_stop, offset, ds, li, s):
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
                  right_same, lane_vmax, taper_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
-                 threshold, b_safe, xy):
+                 threshold, b_safe, xy, project):
     """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
     to a neighbouring lane of its direction when its IDM acceleration there beats the present one
     by ``threshold`` plus ``politeness`` times what it costs the new follower, and the new
@@ -1098,11 +1132,12 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
             same = left_same[li] if side == 0 else right_same[li]
             if nb_ < 0 or not same or junction[nb_] >= 0:
                 continue
-            ratio = length[nb_] / max(length[li], 1e-3)
-            st = s[i] * ratio
+            # where we would be on it (traffic.lane_change_place; we are on our centre line)
+            st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
             if length[nb_] - st < 12.0 + 4.0 * v[i]:
                 continue
-            if _leaving_beside(lane, s, hl, lat, lcfrom, length, n, nb_, st, hl[i] + s0, i):
+            if _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, nb_, st,
+                               hl[i] + s0, i, project):
                 continue  # one still moving out of that lane beside us (two would swap lanes)
             na, nva, nbk, nvb, nf = _neighbours_on(lane, s, v, hl, n, nb_, st + hl[i], i)
             nbk -= 2.0 * hl[i]  # gaps measured from our front; behind: from our rear

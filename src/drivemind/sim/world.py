@@ -553,7 +553,7 @@ class LiteWorld:
                 self.v_amax, self.v_b,
                 self.v_lat, self.v_lcfrom, self.v_lctimer, ego_xy, ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
-                tp.mobil_threshold, tp.mobil_b_safe, self.v_xy)
+                tp.mobil_threshold, tp.mobil_b_safe, self.v_xy, tp.lane_change_place == "project")
         decide = self.frame % LC_EVERY == 0
         if n and self._overtake and (decide or self._otk_active):
             st, ab, self._otk_active = K.overtakes(
@@ -580,7 +580,7 @@ class LiteWorld:
                 self.light_state,
                 ego_xy, e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj, ego_turn, tp.ego_behind == "brake",
-                tp.lane_change_corridor == "body",
+                tp.lane_change_corridor == "body", tp.lane_change_place == "project",
                 self.w_xy, walking, self.w_yaw, self.w_speed, tp.walker_anticipate,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
