@@ -188,3 +188,40 @@ def test_a_goal_too_close_for_its_lane_changes_still_ends_on_its_lane():
     r = plan_route(rm, (a, 10.0), (c, 20.0))
     assert r.lanes[-1] == c and r.pts[-1][1] == pytest.approx(-7.0, abs=0.1)
     assert r.length > 2 * LANE_CHANGE_GAP - 1.0
+
+
+def _bay_road():
+    """A 200 m one-way road: a 3.25 m driving lane (road 1, lane -1) and on its right a bay lane
+    (lane -2) 5 m wide, closing to nothing from 60 to 75 m, closed to 95 m, open again from
+    110 m (parking bays along a road, as esmini's parking_demo)."""
+    xs = np.arange(0.0, 200.01, 0.5)
+    w = np.interp(xs, [0, 60, 75, 95, 110, 200], [5, 5, 0, 0, 5, 5])
+    none = np.zeros(len(xs), np.uint8)
+    main = LaneRecord(key=(1, 0, -1), points=np.stack([xs, np.zeros_like(xs)], 1),
+                      width=np.full(len(xs), 3.25), mark_left=none, mark_right=none, junction=-1,
+                      successors=[], left=None, right=(1, 0, -2))
+    bay = LaneRecord(key=(1, 0, -2), points=np.stack([xs, -(3.25 + w) / 2], 1), width=w,
+                     mark_left=none, mark_right=none, junction=-1, successors=[],
+                     left=(1, 0, -1), right=None)
+    return build_roadmap("bays", [main, bay])
+
+
+@pytest.mark.parametrize("start, goal", [((0, 10.0), (1, 150.0)), ((0, 10.0), (1, 190.0)),
+                                         ((1, 20.0), (0, 180.0)), ((0, 10.0), (1, 40.0))])
+def test_a_route_does_not_run_along_a_lane_where_it_closes_up(start, goal):
+    """A change into the bay lane lands past its closed stretch when the goal lies beyond it, and
+    a change out of it leaves before it closes. Before, a change at the stretch's middle put the
+    route into the first bay and on along the bay lane's centre line through the closed stretch,
+    0.2 m beside the driving lane's: the expert followed it into that lane's traffic."""
+    rm = _bay_road()
+    main, bay = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    lanes = {0: main, 1: bay}
+    route = plan_route(rm, (lanes[start[0]], start[1]), (lanes[goal[0]], goal[1]))
+    assert route.lanes[0] == lanes[start[0]] and route.lanes[-1] == lanes[goal[0]]
+    for lane, s0, s1 in route.segments:
+        if lane == bay:  # on the bay lane only where it is open (2.5 m or wider)
+            k = (rm.s[rm.offset[bay]:rm.offset[bay + 1]] >= s0 - LANE_CHANGE_GAP) & \
+                (rm.s[rm.offset[bay]:rm.offset[bay + 1]] <= s1)
+            assert rm.width[rm.offset[bay]:rm.offset[bay + 1]][k].min() >= 2.5, (s0, s1)
+    if goal == (1, 40.0):  # a goal in the first bay: changed into it before it
+        assert route.segments[1][1] <= 40.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .roadmap import MapError, RoadMap
+from .roadmap import MIN_SPAWN_WIDTH, MapError, RoadMap
 
 
 class RouteError(MapError):
@@ -187,10 +187,48 @@ def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *
             s_out = s_in + max(0.0, (end - s_in) / (r + 1) - LANE_CHANGE_GAP / 2)
             if chain[i + 1][1] == "end":  # must be on the goal lane before the goal
                 s_out = min(s_out, max(s_in, sg * la / lb - LANE_CHANGE_GAP))
+            # up to where the route leaves the lane it changes to (the goal, or its end)
+            e_b = sg if chain[i + 1][1] == "end" else (lb if chain[i + 1][1] == "succ" else None)
+            s_out = _open_change(rm, lane, nxt, s_in, s_out, e_b,
+                                 sg * la / lb - LANE_CHANGE_GAP if chain[i + 1][1] == "end"
+                                 else la)
             segments.append([lane, s_in, s_out])
             s_in = min(lb, (s_out + LANE_CHANGE_GAP) * lb / la)
     segs = [(int(a), float(b), float(max(b, c))) for a, b, c in segments]
     return _segments_polyline(rm, segs, keep_empty=lane_changes == "spread")
+
+
+def _thin(rm: RoadMap, lane: int) -> np.ndarray:
+    """Arc lengths of the points where ``lane`` is narrower than a car drives in."""
+    o0, o1 = int(rm.offset[lane]), int(rm.offset[lane + 1])
+    return rm.s[o0:o1][rm.width[o0:o1] < MIN_SPAWN_WIDTH]
+
+
+def _open_change(rm: RoadMap, a: int, b: int, s_in: float, s_out: float, e_b: float | None,
+                 latest: float) -> float:
+    """Where on lane ``a`` a change to lane ``b`` starts, given the placement ``s_out`` (which
+    it keeps where it can): while still partly on ``a`` the route keeps off stretches where
+    ``a`` closes up, and it lands on ``b`` past the last stretch where ``b`` closes up before
+    ``e_b`` (where the route leaves ``b``; None: not known). A lane that closes up and opens
+    again (parking bays along a road: esmini's parking_demo) is a lane a car cannot drive along
+    through its closed stretch; a route through it sent the expert into the next lane's traffic.
+    No change where neither lane closes up anywhere (every shipped town)."""
+    thin_a, thin_b = _thin(rm, a), _thin(rm, b)
+    if len(thin_a) == 0 and len(thin_b) == 0:
+        return s_out
+    la, lb = float(rm.length[a]), float(rm.length[b])
+    margin = 2.0
+    lo, hi = s_in, min(latest, la - LANE_CHANGE_GAP)
+    after = thin_a[thin_a > s_in]
+    if len(after):
+        hi = min(hi, float(after.min()) - margin - LANE_CHANGE_GAP)
+    if e_b is not None:
+        before = thin_b[thin_b < e_b]
+        if len(before):
+            lo = max(lo, (float(before.max()) + margin) * la / max(lb, 1e-3))
+    if lo > hi:
+        return s_out  # no stretch open on both: as planned
+    return min(max(s_out, lo), hi)
 
 
 def route_between_points(rm: RoadMap, start_xy, goal_xy, **kw) -> Route:
