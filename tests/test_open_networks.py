@@ -50,6 +50,50 @@ def test_an_open_road_loads_both_directions_and_no_link_that_jumps(open_road):
     assert "road 1 lane 1 -> road 1 lane 1 (300.0 m)" in msg
 
 
+@pytest.mark.parametrize("length", [1.7, 0.3])
+def test_a_short_open_road_keeps_no_link_of_a_lane_to_itself(length):
+    """The parser links an open road's lane to itself, the road's length back; on a stub shorter
+    than the 2.5 m a link may jump (MONAEast's 1.7 m road 0) that link was kept, and a vehicle
+    reaching the lane went round it for good at speed, blocking the junction behind it for a
+    minute at a time (6 respawns in 600 s at dense)."""
+    body = OPEN_ROAD[OPEN_ROAD.index("<road "):OPEN_ROAD.index("</OpenDRIVE>")]
+    stub = body.replace('length="300"', f'length="{length}"')
+    far = body.replace('length="300" id="1"', 'length="300" id="2"')  # a road to spawn on
+    far = far.replace('y="0"', 'y="50"')
+    text = OPEN_ROAD[:OPEN_ROAD.index("<road ")] + stub + far + "</OpenDRIVE>"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rm = load_xodr_text(text, "stub", source="stub.xodr", native_check=False)
+    assert all(i not in list(rm.successors(i)) for i in range(rm.n_lanes))
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
+    assert any("dropped" in m and "road 1 lane 1 -> road 1 lane 1" in m for m in msgs), msgs
+
+
+def test_a_ring_road_keeps_its_link_to_itself():
+    """A lane that closes on itself (a 60 m ring road linked to itself) goes on round: that link
+    is kept."""
+    r = 60.0 / (2.0 * math.pi)
+    ring = OPEN_ROAD.replace('length="300" id="1" junction="-1">\n <link/>',
+                             'length="60" id="1" junction="-1">\n <link><predecessor '
+                             'elementType="road" elementId="1" contactPoint="end"/><successor '
+                             'elementType="road" elementId="1" contactPoint="start"/></link>')
+    ring = ring.replace('<geometry s="0" x="0" y="0" hdg="0" length="300"><line/></geometry>',
+                        f'<geometry s="0" x="0" y="0" hdg="0" length="60"><arc curvature="{1 / r}"/>'
+                        '</geometry>')
+    ring = ring.replace('<lane id="-1" type="driving" level="false"><link/>',
+                        '<lane id="-1" type="driving" level="false"><link><predecessor id="-1"/>'
+                        '<successor id="-1"/></link>')
+    ring = ring.replace('<lane id="1" type="driving" level="false"><link/>',
+                        '<lane id="1" type="driving" level="false"><link><predecessor id="1"/>'
+                        '<successor id="1"/></link>')
+    assert 'arc curvature' in ring and 'contactPoint="start"' in ring
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rm = load_xodr_text(ring, "ring", source="ring.xodr", native_check=False)
+    lane = rm.key_index[(1, 0, -1)]
+    assert lane in list(rm.successors(lane))
+
+
 def test_traffic_leaves_at_an_open_road_end_and_never_jumps(open_road):
     rm, _ = open_road
     world = LiteWorld(rm, SimConfig(vehicles=6))

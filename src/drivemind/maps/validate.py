@@ -18,6 +18,7 @@ import numpy as np
 ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
 FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start: warned
 BROKEN_SUCCESSOR = 2.5  # m: a link this far is dropped (a vehicle or route following it would jump)
+MIN_LOOP = 20.0  # m: a lane linked to itself is a ring only this long at least (radius over 3 m)
 TURNS_BACK = 120.0  # degrees between one sample step of a centre line and the next: it reverses
 KINK = 30.0  # degrees between consecutive steps: the centre line kinks (a lane width or offset that
 #               jumps: a vehicle on it swings sideways; real lanes turn at most ~11 degrees per
@@ -47,7 +48,9 @@ def _length(points) -> float:
 
 def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[str]:
     """Remove from ``records`` every successor link whose lane starts more than ``max_gap`` m from
-    the end of the lane that links to it, and describe each one removed.
+    the end of the lane that links to it, and every link of a lane to itself unless the lane is
+    a ring (its start within ``FAR_SUCCESSOR`` m of its end, ``MIN_LOOP`` m long at least), and
+    describe each one removed.
 
     The native parser gives such links for roads that end open (it links the lane to itself, the
     whole road's length away: a straight highway's lanes "continue" at their own start) and for
@@ -56,7 +59,13 @@ def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[s
     vehicles leave the network there, ``drivemind.sim.world``) or continues geometrically
     (``drivemind.sim.tables.traffic_successors``)."""
     ends = {r.key: np.asarray(r.points, float).reshape(-1, 2) for r in records}
-    far = [(r, s, gap) for r, s, gap in _successor_gaps(records, ends) if gap > max_gap]
+    # a link of a lane to itself is drivable only where the lane closes on itself (a ring: its
+    # end meets its start, and it is a road's length at least); the parser's open-end self-link
+    # on a lane shorter than max_gap (MONAEast's 1.7 m stub) was kept, and a vehicle reaching it
+    # went round it for good, at speed, in the way of everyone behind
+    far = [(r, s, gap) for r, s, gap in _successor_gaps(records, ends)
+           if gap > max_gap or (s == r.key and (gap > FAR_SUCCESSOR
+                                                 or _length(ends[s]) < MIN_LOOP))]
     for r, s, _ in far:
         r.successors = [t for t in r.successors if t != s]
     return [_link(r.key, s, gap) for r, s, gap in far]
@@ -130,7 +139,8 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     issues: dict[str, list[str]] = {}
     if dropped:
         issues[f"successor links dropped, each starting over {BROKEN_SUCCESSOR} m from the lane's end "
-               f"(traffic and routes would jump there)"] = list(dropped)
+               f"or linking a lane that is no ring to itself (traffic and routes would jump "
+               f"there, or go round it for good)"] = list(dropped)
     if arcs:
         issues["spirals of constant curvature read as arcs (the CARLA parser draws them as straight "
                "lines, and the lanes after them jump back)"] = list(arcs)
