@@ -406,6 +406,44 @@ def test_a_lane_whose_centre_line_kinks_is_warned():
     assert not any("kinks" in k for k in find_issues([rec]))
 
 
+def _crossing_roads(height: float) -> str:
+    """Two 200 m roads, a lane each way, crossing at right angles in their middles with no
+    junction; the second ``height`` m above the first."""
+    lanes = ('<lanes><laneSection s="0"><left><lane id="1" type="driving" level="false"><link/>'
+             '<width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane></left><center><lane id="0" '
+             'type="none" level="false"/></center><right><lane id="-1" type="driving" '
+             'level="false"><link/><width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane></right>'
+             '</laneSection></lanes>')
+    roads = ""
+    for rid, x, y, hdg, z in ((1, 0.0, 0.0, 0.0, 0.0), (2, 100.0, -100.0, math.pi / 2, height)):
+        roads += (f'<road name="r{rid}" length="200" id="{rid}" junction="-1"><link/><planView>'
+                  f'<geometry s="0" x="{x}" y="{y}" hdg="{hdg}" length="200"><line/></geometry>'
+                  f'</planView><elevationProfile><elevation s="0" a="{z}" b="0" c="0" d="0"/>'
+                  f'</elevationProfile>{lanes}</road>')
+    return ('<?xml version="1.0" standalone="yes"?><OpenDRIVE><header revMajor="1" revMinor="4" '
+            f'name="" version="1"/>{roads}</OpenDRIVE>')
+
+
+@pytest.mark.parametrize("height, warned", [(0.0, True), (6.0, False)])
+def test_lanes_that_cross_outside_a_junction_at_the_same_level_are_warned(height, warned):
+    """Two roads crossing with no junction: at the same level, every pair of their lanes is named
+    in a warning (lanelet conversions have such crossings, and their traffic met: CommonRoad's
+    USA_Lanker, 57 contacts in 600 s); 6 m apart in height (a bridge, as in Town04 and Town05)
+    they are not."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_xodr_text(_crossing_roads(height), "crossing", source="crossing.xodr",
+                       native_check=False)
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)
+            and "same level" in str(w.message)]
+    if warned:
+        (msg,) = msgs
+        assert "4 pairs of lanes that cross outside any junction at the same level" in msg
+        assert "road 1 lane -1 x road 2 lane -1" in msg
+    else:
+        assert msgs == []
+
+
 def test_a_vehicle_is_never_put_back_onto_a_walker():
     """A vehicle that left the network (or stood too long) is put back at a spawn point no walker
     is within 6 m of (esmini's jolengatan at drivevlm: a bicycle put back at a crossing met three

@@ -267,6 +267,7 @@ def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5
             successors=list(dict.fromkeys(succ.get(k, []))),
             left=key(lft) if lft is not None and lft.lane_type == driving else None,
             right=key(rgt) if rgt is not None and rgt.lane_type == driving else None,
+            z=np.array([w.transform.location.z for w in wps]),
         ))
     _splice_short_lanes(records, short, short_start, succ)
     try:

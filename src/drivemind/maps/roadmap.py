@@ -60,6 +60,7 @@ class LaneRecord:
     successors: list[tuple[int, int, int]]
     left: tuple[int, int, int] | None = None  # neighbouring driving lane keys
     right: tuple[int, int, int] | None = None
+    z: np.ndarray | None = None  # (n,) height of the centre line (None: not read; checks only)
 
 
 @dataclass
