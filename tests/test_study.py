@@ -415,6 +415,7 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.junction_exit": "lane",  # docs/simulator.md, "Junction right of way"
     "sim.traffic.wait_cycle_break": "first",  # docs/simulator.md, "Waits-for cycles"
     "sim.traffic.lane_change_place": "scale",  # docs/simulator.md, "Background traffic"
+    "sim.traffic.detector_reach": "lane",  # docs/simulator.md, "Traffic lights"
 }
 
 

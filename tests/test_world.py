@@ -308,6 +308,46 @@ def test_actuated_green_lasts_up_to_max_green_while_both_phases_have_demand(town
     assert t == pytest.approx(30.0 if max_green is not None else tp.green, abs=0.15)
 
 
+@pytest.mark.parametrize("reach", ["upstream", "lane"])
+def test_an_actuated_detector_sees_a_car_standing_before_an_approach_shorter_than_a_car(reach):
+    """A 100 m lane, then a 4 m approach lane with the light (opendrive-1's junction stubs): a car
+    standing at the stop line has its centre on the 100 m lane. With
+    ``traffic.detector_reach: upstream`` (the default) the light's detector reaches back over it
+    and sees the car; with ``lane`` (the rule before, the study's) it saw only its own 4 m lane,
+    no demand, and the light stayed red for good while the other phase had demand."""
+    from drivemind.sim import kernels as K
+    from drivemind.sim.world import detector_lanes
+
+    xs = np.arange(0.0, 104.01, 0.5)
+    none = np.zeros(len(xs), np.uint8)
+
+    def rec(key, lo, hi, succ):
+        k = (xs >= lo) & (xs <= hi)
+        return LaneRecord(key=key, points=np.stack([xs[k], np.zeros(k.sum())], 1),
+                          width=np.full(k.sum(), 3.5), mark_left=none[k], mark_right=none[k],
+                          junction=-1, successors=succ)
+
+    rm = build_roadmap("stub", [rec((1, 0, -1), 0.0, 100.0, [(2, 0, -1)]),
+                                rec((2, 0, -1), 100.0, 104.0, [])])
+    road, stub = rm.key_index[(1, 0, -1)], rm.key_index[(2, 0, -1)]
+    lane_light = np.full(rm.n_lanes, -1, np.int64)
+    lane_light[stub] = 0
+    succ = np.full((rm.n_lanes, 1), -1, np.int64)
+    succ[road, 0] = stub
+    det_light, det_off = detector_lanes(rm, lane_light, succ, 30.0 if reach == "upstream" else 0.0)
+    out = np.zeros(1, np.bool_)
+    # the car's centre 2.4 m before the stub: its front at the stop line's side of the stub
+    K.light_demand(np.array([road]), np.array([rm.length[road] - 2.4]), rm.length, det_light,
+                   det_off, -1, 0.0, 30.0, out)
+    assert bool(out[0]) == (reach == "upstream")
+    if reach == "upstream":
+        assert det_light[road] == 0 and det_off[road] == pytest.approx(rm.length[stub])
+        # ... and not a car farther back than the detector's 30 m
+        K.light_demand(np.array([road]), np.array([60.0]), rm.length, det_light, det_off, -1,
+                       0.0, 30.0, out)
+        assert not out[0]
+
+
 def test_bad_max_green_says_what_is_wrong():
     with pytest.raises(ValueError, match="max_green must be a number of seconds >= min_green"):
         SimConfig(traffic=TrafficParams(max_green=2.0))

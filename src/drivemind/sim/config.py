@@ -75,6 +75,12 @@ class TrafficParams:
     #                                   phase green for ``green`` s in turn (CARLA's cycle)
     min_green: float = 5.0  # s, actuated: shortest green
     detector_distance: float = 30.0  # m before the stop line that counts as demand (actuated)
+    detector_reach: str = "upstream"  # upstream: the detector reaches back over the lanes before
+    #                                   the light's own (where that is their only way on), up to
+    #                                   detector_distance from the stop line; lane: the light's own
+    #                                   lane only, where an approach shorter than a car saw no
+    #                                   standing car and stayed red for good (opendrive-1; the
+    #                                   behaviour before; the study pins it)
     green: float = 10.0  # s (CARLA's default light timings: the fixed cycle's green, and where
     #                      each junction starts in it)
     max_green: float | None = 30.0  # s, actuated: the longest green while another phase has
@@ -156,7 +162,8 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "walker_velocity": "crossing", "walker_anticipate": 0.0,
                  "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane",
                  "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
-                 "wait_cycle_break": "first", "lane_change_place": "scale"}
+                 "wait_cycle_break": "first", "lane_change_place": "scale",
+                 "detector_reach": "lane"}
 
 
 # the values of TrafficParams.ego_behind
@@ -169,6 +176,7 @@ DIVERGING_FOLLOW = ("way", "lane")
 JUNCTION_EXIT = ("way", "lane")
 WAIT_CYCLE_BREAK = ("rotate", "first")
 LANE_CHANGE_PLACE = ("project", "scale")
+DETECTOR_REACH = ("upstream", "lane")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -230,7 +238,8 @@ class SimConfig:
                            ("diverging_follow", DIVERGING_FOLLOW),
                            ("junction_exit", JUNCTION_EXIT),
                            ("wait_cycle_break", WAIT_CYCLE_BREAK),
-                           ("lane_change_place", LANE_CHANGE_PLACE)):
+                           ("lane_change_place", LANE_CHANGE_PLACE),
+                           ("detector_reach", DETECTOR_REACH)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

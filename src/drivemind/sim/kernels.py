@@ -253,17 +253,19 @@ def light_states(t, jn_offset, jn_groups, light_phase, jn_phases, green, yellow,
 
 
 @nb.njit(cache=True)
-def light_demand(lane, s, length, lane_light, ego_lane, ego_s, dist, out):
-    """Which lights have a vehicle (or the ego) on a lane they control, within ``dist`` m of its
-    end (the detectors of a vehicle-actuated signal)."""
+def light_demand(lane, s, length, det_light, det_off, ego_lane, ego_s, dist, out):
+    """Which lights have a vehicle (or the ego) within ``dist`` m of their stop line (the
+    detectors of a vehicle-actuated signal): on a lane whose detector reaches it (``det_light``,
+    the light; ``det_off``, metres from the lane's end on to the stop line: 0 on the light's own
+    lane, world.detector_lanes)."""
     out[:] = False
     for i in range(lane.shape[0]):
-        li = lane_light[lane[i]]
-        if li >= 0 and length[lane[i]] - s[i] < dist:
+        li = det_light[lane[i]]
+        if li >= 0 and length[lane[i]] - s[i] + det_off[lane[i]] < dist:
             out[li] = True
     if ego_lane >= 0:
-        li = lane_light[ego_lane]
-        if li >= 0 and length[ego_lane] - ego_s < dist:
+        li = det_light[ego_lane]
+        if li >= 0 and length[ego_lane] - ego_s + det_off[ego_lane] < dist:
             out[li] = True
 
 

@@ -196,6 +196,9 @@ class LiteWorld:
         self.sig_timer = ph - np.where(self.sig_stage == 0, 0.0,
                                        np.where(self.sig_stage == 1, tp.green, tp.green + tp.yellow))
         self._demand = np.zeros(len(lt.junction_of_light), np.bool_)
+        self._det_light, self._det_off = detector_lanes(
+            self.map, lt.lane_light, self.succ,
+            tp.detector_distance if tp.detector_reach == "upstream" else 0.0)
         self._update_lights(0.0, -1, 0.0)
         self._ego_contacts.clear()
         self._npc_contacts.clear()
@@ -654,8 +657,8 @@ class LiteWorld:
     def _update_lights(self, dt: float, ego_lane: int, ego_s: float):
         lt, tp = self.lights, self.cfg.traffic
         if len(lt.junction_groups) and tp.signal_control == "actuated":
-            K.light_demand(self.v_lane, self.v_s, self.map.length, lt.lane_light, ego_lane, ego_s,
-                           tp.detector_distance, self._demand)
+            K.light_demand(self.v_lane, self.v_s, self.map.length, self._det_light,
+                           self._det_off, ego_lane, ego_s, tp.detector_distance, self._demand)
             K.lights_actuated(dt, lt.junction_groups, lt.phase, lt.junction_phases, self._demand,
                               tp.min_green, self._max_green, tp.yellow, tp.all_red, self.sig_phase,
                               self.sig_stage, self.sig_timer, self.light_state)
@@ -792,4 +795,34 @@ def taper_stops(rm: RoadMap, narrow: np.ndarray) -> np.ndarray:
             if k > 0 and thin[k] and not thin[k - 1]:
                 nxt = k * float(rm.ds[i])
     return out
+
+
+def detector_lanes(rm: RoadMap, lane_light: np.ndarray, succ: np.ndarray, reach: float):
+    """Per lane: the light whose detector covers it and the metres from its end on to that light's
+    stop line (traffic.detector_reach). A light's own lane is covered (0 m); with ``reach`` > 0 so
+    is a lane outside junctions whose only way on is a covered lane, while the stop line is less
+    than ``reach`` m beyond its end. An approach lane shorter than a car (opendrive-1's 4 m stubs
+    before its junction) holds no standing car's centre: the queue's first car stands on the lane
+    before it, unseen, and its light stayed red for good while the other phase had demand."""
+    det_light = lane_light.astype(np.int64).copy()
+    det_off = np.zeros(rm.n_lanes)
+    if reach <= 0.0:
+        return det_light, det_off
+    pred: list[list[int]] = [[] for _ in range(rm.n_lanes)]
+    for a in range(rm.n_lanes):
+        for b in succ[a]:
+            if b >= 0:
+                pred[int(b)].append(a)
+    todo = [int(i) for i in np.flatnonzero(lane_light >= 0)]
+    while todo:
+        b = todo.pop()
+        off = det_off[b] + float(rm.length[b])
+        if off >= reach:
+            continue
+        for a in pred[b]:
+            ways = [int(x) for x in succ[a] if x >= 0]
+            if det_light[a] < 0 and rm.junction[a] < 0 and ways == [b]:
+                det_light[a], det_off[a] = det_light[b], off
+                todo.append(a)
+    return det_light, det_off
 
