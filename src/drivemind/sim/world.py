@@ -118,6 +118,11 @@ class LiteWorld:
         # of it and change lanes before it, as into a standing obstacle (inf: no taper ahead)
         self.taper_stop = taper_stops(roadmap, narrow)
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
+        # which light's detector covers each lane, and how far its stop line lies beyond the
+        # lane's end (traffic.detector_reach)
+        self._det_light, self._det_off = detector_lanes(
+            roadmap, self.lights.lane_light, self.succ,
+            tp.detector_distance if tp.detector_reach == "upstream" else 0.0)
         # lanes with no way on (open road ends): a vehicle reaching the end of one leaves the
         # network and is put back at a spawn point (SUMO's vehicles leave at the fringe)
         self._dead_end = (self.succ < 0).all(axis=1)
@@ -196,9 +201,6 @@ class LiteWorld:
         self.sig_timer = ph - np.where(self.sig_stage == 0, 0.0,
                                        np.where(self.sig_stage == 1, tp.green, tp.green + tp.yellow))
         self._demand = np.zeros(len(lt.junction_of_light), np.bool_)
-        self._det_light, self._det_off = detector_lanes(
-            self.map, lt.lane_light, self.succ,
-            tp.detector_distance if tp.detector_reach == "upstream" else 0.0)
         self._update_lights(0.0, -1, 0.0)
         self._ego_contacts.clear()
         self._npc_contacts.clear()
