@@ -810,18 +810,14 @@ def detector_lanes(rm: RoadMap, lane_light: np.ndarray, succ: np.ndarray, reach:
     det_off = np.zeros(rm.n_lanes)
     if reach <= 0.0:
         return det_light, det_off
-    pred: list[list[int]] = [[] for _ in range(rm.n_lanes)]
-    for a in range(rm.n_lanes):
-        for b in succ[a]:
-            if b >= 0:
-                pred[int(b)].append(a)
+    pred = _predecessors(succ)
     todo = [int(i) for i in np.flatnonzero(lane_light >= 0)]
     while todo:
         b = todo.pop()
         off = det_off[b] + float(rm.length[b])
         if off >= reach:
             continue
-        for a in pred[b]:
+        for a in pred[b][pred[b] >= 0].tolist():
             ways = [int(x) for x in succ[a] if x >= 0]
             if det_light[a] < 0 and rm.junction[a] < 0 and ways == [b]:
                 det_light[a], det_off[a] = det_light[b], off
