@@ -34,7 +34,8 @@ OLD = dict(junction_release="connector", overtake="never", max_green=None, walke
            walker_anticipate=0.0, ego_turn=None,
            ego_behind="brake", lane_change_corridor="lane", junction_conflict="centre",
            diverging_follow="lane", junction_exit="lane", wait_cycle_break="first",
-           lane_change_place="scale", detector_reach="lane")
+           lane_change_place="scale", detector_reach="lane",
+           junction_chain="none")
 
 
 def _record(town, density, seed, **traffic):

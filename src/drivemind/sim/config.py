@@ -142,6 +142,18 @@ class TrafficParams:
     #                                     moving over ran into the car standing ahead of it in
     #                                     the lane it left; the behaviour before; the study pins
     #                                     it)
+    junction_chain: str = "queue"  # junctions joined by a link shorter than tables.LINK_SHORT m
+    #                                (a roundabout's ring, two junctions a few metres apart):
+    #                                queue: a vehicle on such a link asks first for its way through
+    #                                the next junction and, while it waits, holds back the ways
+    #                                crossing or merging with its own; it may queue on its way
+    #                                through, past the last point where it stands in a crossing
+    #                                or diverging way's path, when the room beyond is short; and
+    #                                a stretch shorter than a car before the next junction is
+    #                                entered only when it is empty and nobody else is let into it
+    #                                (CommonRoad's Roundabout8Course locked: entries and the ring
+    #                                filled each other's links); none: the behaviour before (the
+    #                                study pins it)
     wait_cycle_after: float | None = 5.0  # s every member of a waits-for cycle (a deadlock) has
     #                                       stood before the cycle is broken; None: no detector
     wait_cycle_break: str = "rotate"  # who acts when a cycle is broken (world._break_wait_cycles):
@@ -163,7 +175,7 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane",
                  "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
                  "wait_cycle_break": "first", "lane_change_place": "scale",
-                 "detector_reach": "lane"}
+                 "detector_reach": "lane", "junction_chain": "none"}
 
 
 # the values of TrafficParams.ego_behind
@@ -177,6 +189,7 @@ JUNCTION_EXIT = ("way", "lane")
 WAIT_CYCLE_BREAK = ("rotate", "first")
 LANE_CHANGE_PLACE = ("project", "scale")
 DETECTOR_REACH = ("upstream", "lane")
+JUNCTION_CHAIN = ("queue", "none")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -239,7 +252,8 @@ class SimConfig:
                            ("junction_exit", JUNCTION_EXIT),
                            ("wait_cycle_break", WAIT_CYCLE_BREAK),
                            ("lane_change_place", LANE_CHANGE_PLACE),
-                           ("detector_reach", DETECTOR_REACH)):
+                           ("detector_reach", DETECTOR_REACH),
+                           ("junction_chain", JUNCTION_CHAIN)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

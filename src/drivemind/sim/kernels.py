@@ -434,6 +434,8 @@ def traffic_step(
     clear, release, release_margin,
     # overtaking in the oncoming lane (:func:`overtakes`; all OTK_OFF when traffic.overtake=off)
     otk, otk_of, otk_off, otk_lane,
+    # junctions joined by short links (traffic.junction_chain; all False / 0 with 'none')
+    link_in, store, short_empty,
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
@@ -551,6 +553,8 @@ def traffic_step(
         keys = np.empty(nr)
         for q in range(nr):
             keys[q] = -wait[req[q]] * 1000.0 + dstop[req[q]]
+            if link_in[path[req[q], nxt_k[req[q]] - 1]]:
+                keys[q] -= 1e9  # in a chain of junctions: asks first
         order = np.argsort(keys)
         claimed = np.empty(nr, np.int64)  # connectors of long waiters not granted this step
         claimer = np.empty(nr, np.int64)
@@ -657,6 +661,7 @@ def traffic_step(
                         free = blocked_at
                     elif free < need and (kk >= K or path[i, kk] < 0):
                         free = INF  # the path ends (off its look-ahead): room enough
+                    granted_in = False
                     for j in range(n):
                         if j == i or grant[j] < 0:
                             continue
@@ -668,11 +673,15 @@ def traffic_step(
                                 if qe < K and path[j, qe] == e:
                                     free -= 2.0 * hl[j] + s0
                                     room_by = j
+                                    granted_in = True
                                     break
+                    if link_in[path[i, k - 1]]:
+                        free += store[c]
                     if free < need:
                         # a stretch shorter than a car to the next junction will do if it is empty
                         short = kk < K and path[i, kk] >= 0 and junction[path[i, kk]] >= 0
-                        if not (short and blocked_at == INF and free >= 0.0):
+                        if not (short and blocked_at == INF and free >= 0.0
+                                and not (short_empty and granted_in)):
                             ok = False
                             rej[i] = room_by
                         elif exit_way and _ego_in_way(path, i, kk, junction, conflict,
@@ -686,7 +695,7 @@ def traffic_step(
                 grant[i] = c
                 entered[i] = False
                 wait[i] = 0.0
-            elif wait[i] > STARVE_WAIT:
+            elif wait[i] > STARVE_WAIT or link_in[path[i, nxt_k[i] - 1]]:
                 claimed[ncl] = c
                 claimer[ncl] = i
                 ncl += 1

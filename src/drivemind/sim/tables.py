@@ -606,6 +606,76 @@ def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3) -> bool:
     return bool(d.min() < margin)
 
 
+def predecessors(succ: np.ndarray) -> np.ndarray:
+    """(L, P) the lanes whose successors (``succ``, -1 padded) include each lane, -1 padded."""
+    into: list[list[int]] = [[] for _ in range(len(succ))]
+    for a in range(len(succ)):
+        for b in succ[a][succ[a] >= 0]:
+            into[int(b)].append(a)
+    out = np.full((len(succ), max(1, max(map(len, into), default=1))), -1, np.int64)
+    for b, lanes in enumerate(into):
+        out[b, :len(lanes)] = lanes
+    return out
+
+
+LINK_SHORT = 15.0  # m: a stretch outside junctions shorter than this from one junction to the
+#                    next makes the two a chain (traffic.junction_chain)
+
+
+def chain_links(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
+    """(L,) bool: lanes outside junctions on a stretch (lanes with one way in and one way on)
+    that runs from a junction to a junction and is shorter than LINK_SHORT m: a roundabout's ring
+    between two of its junctions, or a short link joining two junctions."""
+    jn = rm.junction >= 0
+    pred = predecessors(succ)
+    link = np.zeros(rm.n_lanes, np.bool_)
+    for lane in np.flatnonzero(~jn).tolist():
+        total, ends = rm.length[lane], 0
+        for nb in (succ, pred):
+            x = lane
+            while total < LINK_SHORT:
+                nx = nb[x][nb[x] >= 0]
+                if not len(nx):
+                    break
+                if jn[nx].all():
+                    ends += 1
+                    break
+                if len(nx) > 1 or jn[nx].any():
+                    break
+                x = int(nx[0])
+                total += rm.length[x]
+        link[lane] = ends == 2 and total < LINK_SHORT
+    return link
+
+
+def way_storage(rm: RoadMap, succ: np.ndarray, conflict: np.ndarray, clear: np.ndarray,
+                margin: float) -> np.ndarray:
+    """(L,) float: for a junction lane that is a whole way through (its successors lie outside
+    the junction), how much of it lies past the last point where a vehicle's rear still stands in
+    the way of a crossing or diverging way (``clear`` plus ``margin``): room to queue in without
+    blocking anyone but the ways merging with it; 0 for other lanes, and where a lane chained
+    after it comes near a crossing way (``clear`` inf)."""
+    jn = rm.junction >= 0
+    store = np.zeros(rm.n_lanes)
+    jl = np.flatnonzero(jn)
+    for c in jl.tolist():
+        nx = succ[c][succ[c] >= 0]
+        if not len(nx) or jn[nx].any():
+            continue
+        ends = set(nx.tolist())
+        top = 0.0
+        for o in jl.tolist():
+            if o == c or conflict[c, o] == 0:
+                continue
+            onx = succ[o][succ[o] >= 0]
+            if conflict[c, o] == 1 and ends & set(onx.tolist()):
+                continue  # it merges: a vehicle standing there is in the queue the other joins
+            top = max(top, float(clear[c, o]))
+        if math.isfinite(top):
+            store[c] = max(0.0, float(rm.length[c]) - top - margin)
+    return store
+
+
 def traffic_successors(rm: RoadMap, max_gap: float = 2.5, min_cos: float = 0.9) -> np.ndarray:
     """The map's successor table (L, S), plus geometric continuations of dead ends.
 
@@ -681,4 +751,14 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     if traffic.junction_release == "crossing" and "clear" not in tab:
         tab["clear"] = conflict_clear_points(rm, traffic.conflict_distance, tab["conflict"],
                                              tab["succ"], box=box)
+    if traffic.junction_chain == "queue" and "link" not in tab:
+        tab["link"] = chain_links(rm, tab["succ"])
+    skey = ("store", traffic.junction_release, traffic.release_margin)
+    if traffic.junction_chain == "queue" and skey not in tab:
+        # queueing on a way through needs the points where it stops blocking crossing ways
+        tab[skey] = (way_storage(rm, tab["succ"], tab["conflict"], tab["clear"],
+                                 traffic.release_margin)
+                     if traffic.junction_release == "crossing" else np.zeros(rm.n_lanes))
+    if traffic.junction_chain == "queue":
+        tab["store"] = tab[skey]
     return tab

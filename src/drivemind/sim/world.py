@@ -26,7 +26,7 @@ from . import kernels as K
 from .config import SimConfig
 from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
                        WorldSnapshot)
-from .tables import pavements, traffic_tables
+from .tables import pavements, predecessors as _predecessors, traffic_tables
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +45,6 @@ CLASS_PARAMS = {
     ActorClass.BICYCLE: ((0.85, 0.95), (0.3, 0.4), (3.5, 5.5), 1.0, 2.0),
 }
 WALKER_EXTENT = (0.3, 0.3)
-
-
-def _predecessors(succ: np.ndarray) -> np.ndarray:
-    """(L, P) the lanes whose successors (``succ``, -1 padded) include each lane, -1 padded."""
-    into: list[list[int]] = [[] for _ in range(len(succ))]
-    for a in range(len(succ)):
-        for b in succ[a][succ[a] >= 0]:
-            into[int(b)].append(a)
-    out = np.full((len(succ), max(1, max(map(len, into), default=1))), -1, np.int64)
-    for b, lanes in enumerate(into):
-        out[b, :len(lanes)] = lanes
-    return out
 
 
 def validate_action(action) -> tuple[float, float]:
@@ -128,6 +116,13 @@ class LiteWorld:
         self._dead_end = (self.succ < 0).all(axis=1)
         self._has_dead_ends = bool(self._dead_end.any())
         self._overtake = tp.overtake == "oncoming"
+        # junctions joined by short links (traffic.junction_chain): which lanes are such links,
+        # and how far a vehicle may queue on each way through past its last crossing
+        self._chain = tp.junction_chain == "queue"
+        if self._chain:
+            self._link_in, self._store = tab["link"], tab["store"]
+        else:
+            self._link_in, self._store = np.zeros(roadmap.n_lanes, np.bool_), np.zeros(roadmap.n_lanes)
         if self._overtake:
             # the lanes leading into each lane (on the same links), and where the line on each side
             # of a lane may be crossed to overtake (no solid line, kerb or grass)
@@ -592,6 +587,7 @@ class LiteWorld:
                 self.v_xy, self.v_yaw, self.v_blocker,
                 self.clear, self._release, tp.release_margin,
                 self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
+                self._link_in, self._store, self._chain,
             )
             if m > self.npc_max_stuck_s:  # m: the longest standing time now
                 self.npc_max_stuck_s = m
@@ -823,4 +819,5 @@ def detector_lanes(rm: RoadMap, lane_light: np.ndarray, succ: np.ndarray, reach:
                 det_light[a], det_off[a] = det_light[b], off
                 todo.append(a)
     return det_light, det_off
+
 
