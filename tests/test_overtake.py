@@ -131,3 +131,70 @@ def test_an_overtake_is_given_up_when_a_car_appears_in_the_oncoming_lane():
 def test_unknown_overtake_lists_the_valid_ones():
     with pytest.raises(ValueError, match="traffic.overtake must be one of oncoming, never"):
         SimConfig(traffic=TrafficParams(overtake="left"))
+
+
+def _curved_two_way_road(straight=200.0, radius=20.0, angle=np.pi, step=0.5):
+    """A two-way road running ``straight`` m along +x, then turning left through ``angle`` on an
+    arc of ``radius`` m (its centre line): its right lane (FWD) is 11 m longer than its left one
+    (BACK, the other way), all of it in the bend."""
+    x, y, h = 0.0, 0.0, 0.0
+    xs, ys, hs = [x], [y], [h]
+    for length, turn in ((straight, 0.0), (radius * angle, 1.0 / radius)):
+        m = max(1, int(round(length / step)))
+        for _ in range(m):
+            hm = h + 0.5 * turn * length / m
+            x, y, h = x + length / m * np.cos(hm), y + length / m * np.sin(hm), h + turn * length / m
+            xs.append(x), ys.append(y), hs.append(h)
+    ref, hd = np.stack([xs, ys], 1), np.array(hs)
+    left = np.stack([-np.sin(hd), np.cos(hd)], 1)
+    n = len(ref)
+    marks, none = np.full(n, int(MarkingType.BROKEN), np.uint8), np.zeros(n, np.uint8)
+    fwd = LaneRecord(key=FWD, points=ref - 1.75 * left, width=np.full(n, 3.5), mark_left=marks,
+                     mark_right=none, junction=-1, successors=[], left=BACK)
+    back = LaneRecord(key=BACK, points=(ref + 1.75 * left)[::-1], width=np.full(n, 3.5),
+                      mark_left=marks, mark_right=none, junction=-1, successors=[], left=FWD)
+    return build_roadmap("curved_two_way", [fwd, back])
+
+
+def _contacts_after_a_car_appears(place, ahead):
+    """On the curved road, car 0 (8 m/s) pulls out to pass bicycle 1 (4 m/s) on the straight;
+    then car 2 appears in the oncoming lane ``ahead`` m ahead of it (by arc length of car 0's
+    lane), coming at 8 m/s. Returns the contacts between vehicles over the next 30 s."""
+    rm = _curved_two_way_road()
+    fwd, back = rm.key_index[FWD], rm.key_index[BACK]
+    assert rm.length[fwd] - rm.length[back] > 10.0
+    cfg = SimConfig(vehicles=2, bicycles=1, offroad_margin=None,
+                    traffic=TrafficParams(signals="none", stuck_respawn=None,
+                                          lane_change_place=place))
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=0, ego_pose=(0.0, 200.0, 0.0))  # the ego off the road, standing
+    cls = [ActorClass.CAR, ActorClass.BICYCLE, ActorClass.CAR]
+    for i, (c, (lane, s, v)) in enumerate(zip(cls, [(fwd, 30.0, 8.0), (fwd, 55.0, 4.0),
+                                                    (back, 0.0, 0.0)])):
+        car = c == ActorClass.CAR
+        world.v_cls[i], world.v_vfac[i] = int(c), 1.0
+        world.v_hl[i], world.v_hw[i] = (2.3, 0.95) if car else (0.9, 0.35)
+        world.v_vcap[i], world.v_amax[i], world.v_b[i] = (30.0, 2.0, 3.0) if car else (4.0, 1.0, 2.0)
+        world.v_lane[i], world.v_s[i], world.v_v[i] = lane, s, v
+        world.v_path[i] = -1
+        world.v_path[i, 0] = lane
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    for _ in range(30):
+        world.step((0.0, -1.0))
+        if world.v_otk[0] == K.OTK_OUT:
+            break
+    assert world.v_otk[0] == K.OTK_OUT
+    world.v_s[2] = rm.length[back] - (world.v_s[0] + ahead) * rm.length[back] / rm.length[fwd]
+    world.v_v[2] = 8.0
+    return sum(world.step((0.0, -1.0)).npc_collisions for _ in range(300))
+
+
+def test_a_car_out_overtaking_and_one_coming_the_other_way_keep_apart_on_a_curved_road():
+    """Where the two lanes of a road differ in length (a bend), each car placed the other along
+    its own lane by arc length scaled by the lanes' lengths (``lane_change_place: scale``, the
+    rule before), 2 m off on the straight before this bend, and took the other as standing: at
+    one of these distances they met (Town07, stop 51). Placed at its nearest point there, and
+    closing in at both speeds (``project``), they never do."""
+    aheads = range(20, 80, 5)
+    assert sum(_contacts_after_a_car_appears("scale", a) for a in aheads) > 0
+    assert sum(_contacts_after_a_car_appears("project", a) for a in aheads) == 0

@@ -141,7 +141,9 @@ class TrafficParams:
     #                                     curve one way, then the other (esmini's tunnels: a car
     #                                     moving over ran into the car standing ahead of it in
     #                                     the lane it left; the behaviour before; the study pins
-    #                                     it)
+    #                                     it). The same for a vehicle out overtaking and one
+    #                                     coming the other way: where each is along the other's
+    #                                     lane, and (project) closing in at both their speeds
     junction_chain: str = "queue"  # junctions joined by a link shorter than tables.LINK_SHORT m
     #                                (a roundabout's ring, two junctions a few metres apart):
     #                                queue: a vehicle on such a link asks first for its way through

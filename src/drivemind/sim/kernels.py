@@ -84,6 +84,20 @@ def _place_beside(offset, ds, length, pts, yaw, lane, s, lat, target, project):
 
 
 @nb.njit(cache=True)
+def _oncoming_at(offset, ds, length, pts, yaw, lane, s, target, project):
+    """Where a vehicle at arc length ``s`` of ``lane`` is along ``target``, the lane beside it
+    running the other way (an overtake's oncoming lane): project, the arc length of target nearest
+    its place on its lane's centre line; else its distance from its lane's end scaled by the two
+    lanes' lengths (the rule before: on a curved road, whose two sides differ in length, off by up
+    to 3 m, and a vehicle out overtaking drove into the one coming the other way, Town07)."""
+    st = (length[lane] - s) * length[target] / max(length[lane], 1e-3)
+    if not project:
+        return st
+    x, y, _ = lane_pose(offset, ds, length, pts, yaw, lane, s)
+    return _along(offset, ds, length, pts, yaw, target, st, x, y)
+
+
+@nb.njit(cache=True)
 def poses(offset, ds, length, pts, yaw, lanes, s, out_xy, out_yaw):
     for i in range(lanes.shape[0]):
         x, y, h = lane_pose(offset, ds, length, pts, yaw, lanes[i], s[i])
@@ -755,16 +769,19 @@ def traffic_step(
         # head-on: a vehicle out in the oncoming lane on our way, or (out ourselves) one coming
         for q in range(n_otk):
             j = otk_idx[q]
+            # (with lc_project, where each is along the other's lane is its nearest point there,
+            # and the two close in at both their speeds)
             if j == i:
                 o = otk_lane[i]
                 for k2 in range(n):
                     if lane[k2] == o:
-                        p = (length[o] - s[k2]) * length[lane[i]] / max(length[o], 1e-3)
+                        p = _oncoming_at(offset, ds, length, pts, yaw, o, s[k2], lane[i],
+                                         lc_project)
                         if p > s[i]:
                             g = p - s[i] - hl[k2] - hl[i]
                             if g < gap:
                                 gap = g
-                                vl = 0.0
+                                vl = -v[k2] if lc_project else 0.0
                                 src = k2
                 continue
             o = otk_lane[j]
@@ -774,12 +791,12 @@ def traffic_step(
                 if l < 0 or cum > lookahead:
                     break
                 if l == o:
-                    p = (length[lane[j]] - s[j]) * length[o] / max(length[lane[j]], 1e-3)
+                    p = _oncoming_at(offset, ds, length, pts, yaw, lane[j], s[j], o, lc_project)
                     if k > 0 or p > s[i]:
                         g = cum + p - hl[j] - hl[i]
                         if g < gap:
                             gap = g
-                            vl = 0.0
+                            vl = -v[j] if lc_project else 0.0
                             src = j
                     break
                 cum += length[l]
