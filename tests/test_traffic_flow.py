@@ -474,3 +474,41 @@ def test_a_cycle_found_again_is_broken_by_the_next_member(rule, caplog):
         assert len(msg) == 1
         movers.append(msg[0].split("broken: vehicle ")[1].split()[0])
     assert (movers[0] != movers[1]) == (rule == "rotate")
+
+
+@pytest.mark.parametrize("corridor", ["body", "lane"])
+def test_a_standing_car_between_two_lanes_does_not_slide_over_onto_the_ego_beside_it(corridor):
+    """A car changing from the left lane to the right one stopped with its body still mostly in
+    the left lane (3.2 m left of the right lane's centre); the ego stands in the right lane
+    beside it. With ``traffic.lane_change_corridor: body`` (the default) it stays where it is
+    until the ego has gone; with ``lane`` (the rule before, the study's) it went on sliding over
+    at 0.3 m/s, standing, into the ego's side (CommonRoad's MONAEast, stop 51: the ego was
+    passing it)."""
+    from straight_roads import side_by_side
+
+    from drivemind.sim import kernels as K
+    from drivemind.sim.snapshot import ActorClass
+
+    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)], step=300.0 / 59)
+    L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    world = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, lane_change_corridor=corridor)))
+    world.reset(seed=0, ego_pose=(101.0, -3.5, 0.0))  # standing in the right lane
+    world.v_cls[0] = int(ActorClass.CAR)
+    world.v_hl[0], world.v_hw[0], world.v_vfac[0] = 2.3, 0.95, 0.0  # it wants to stand
+    world.v_lane[0], world.v_s[0], world.v_v[0] = R, 100.0, 0.0
+    world._fill_path(0)
+    world.v_lat[0], world.v_lcfrom[0] = 3.2, L
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    contacts = 0
+    for _ in range(50):  # 5 s
+        contacts += len(world.step((0.0, -1.0)).collisions)
+    if corridor == "body":
+        assert contacts == 0 and world.v_lat[0] > 1.5  # beside the ego still, clear of it
+    else:
+        assert contacts > 0 and world.v_lat[0] < 2.0  # slid 1.5 m, standing
+    # the ego gone, it moves over
+    world.place_ego((250.0, -3.5, 0.0))
+    for _ in range(150):
+        world.step((0.0, -1.0))
+    assert world.v_lat[0] == 0.0 and world.v_lcfrom[0] == -1

@@ -84,6 +84,26 @@ def _place_beside(offset, ds, length, pts, yaw, lane, s, lat, target, project):
 
 
 @nb.njit(cache=True)
+def _ego_beside(x, y, h, lat, hl, hw, step, ego_xy, ego_yaw, ego_hl, ego_hw):
+    """Whether the ego's box lies beside a vehicle changing lanes (centre line pose x, y, h of its
+    new lane, ``lat`` m off it to the left) on the side it drifts to, within its length, and
+    nearer than ``step`` + 0.3 m sideways to its box: a step over would bring them together."""
+    cx = x - lat * math.sin(h)  # where the vehicle is now
+    cy = y + lat * math.cos(h)
+    dx, dy = ego_xy[0] - cx, ego_xy[1] - cy
+    along = dx * math.cos(h) + dy * math.sin(h)
+    left = -dx * math.sin(h) + dy * math.cos(h)  # the ego's offset to the vehicle's left
+    if left * lat > 0.0:
+        return False  # the ego is on the side it drifts away from
+    de = ego_yaw - h
+    ego_along = abs(ego_hl * math.cos(de)) + abs(ego_hw * math.sin(de))
+    ego_side = abs(ego_hl * math.sin(de)) + abs(ego_hw * math.cos(de))
+    if abs(along) > hl + ego_along:
+        return False
+    return abs(left) - hw - ego_side < step + 0.3
+
+
+@nb.njit(cache=True)
 def _oncoming_at(offset, ds, length, pts, yaw, lane, s, target, project):
     """Where a vehicle at arc length ``s`` of ``lane`` is along ``target``, the lane beside it
     running the other way (an overtake's oncoming lane): project, the arc length of target nearest
@@ -973,7 +993,12 @@ def traffic_step(
                 h += math.atan2(dl / dt, v[i])
         elif lat[i] != 0.0:  # drifting over to the lane it changed to (1 m/s sideways at most)
             step = max(0.3, min(1.0, 0.35 * v[i])) * dt
-            if abs(lat[i]) <= step:
+            if lc_body and v[i] < 1.0 and _ego_beside(x, y, h, lat[i], hl[i], hw[i], step,
+                                                      ego_xy, ego_yaw, ego_hl, ego_hw):
+                step = 0.0  # (nearly) standing, it does not slide over onto the ego beside it
+            if step == 0.0:
+                pass  # stays where it is, still between the lanes
+            elif abs(lat[i]) <= step:
                 lat[i] = 0.0
                 lcfrom[i] = -1
             else:
