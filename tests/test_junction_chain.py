@@ -11,9 +11,10 @@ import pytest
 from drivemind.sim import SimConfig
 from drivemind.sim.config import TrafficParams
 from drivemind.sim.tables import LINK_SHORT, chain_links, traffic_tables, way_storage
-from drivemind.sim.world import PATH_LEN, LiteWorld
+from drivemind.sim.world import LiteWorld
 
 from roundabout import roundabout
+from test_junction_geometry import _place  # a vehicle at a place, with a path from given lanes
 
 FAR = (1e5, 1e5, 0.0)  # the ego, out of the way
 
@@ -66,18 +67,6 @@ def test_a_roundabout_of_junctions_joined_by_short_links_keeps_moving(rule):
         assert world.npc_exits > 130
 
 
-def _place(world, i, lane, s, v, first):
-    world.v_lane[i], world.v_s[i], world.v_v[i] = lane, s, v
-    path = list(first)
-    while len(path) < PATH_LEN:
-        nxt = world.succ[path[-1]]
-        nxt = nxt[nxt >= 0]
-        path.append(int(nxt[0]) if len(nxt) else -1)
-    world.v_path[i] = path
-    world.v_grant[i], world.v_entered[i], world.v_wait[i], world.v_stuck[i] = -1, False, 0.0, 0.0
-    world.v_lat[i], world.v_lcfrom[i] = 0.0, -1
-
-
 def _two_cars(rm, rule):
     world = _world(rm, 2, junction_chain=rule, stuck_respawn=None, wait_cycle_after=None)
     assert len(world.v_lane) == 2
@@ -95,7 +84,7 @@ def test_a_car_on_a_ring_link_goes_before_an_entering_car_that_waited_longer(rul
     link, cont = ix["link3"], ix["cont0"]
     _place(world, 0, link, rm.length[link] - 3.0, 0.0, [link, cont])
     _place(world, 1, ix["in0"], rm.length[ix["in0"]] - 3.0, 0.0, [ix["in0"], ix["entry0"]])
-    world.v_wait[1] = 40.0
+    world.v_wait[:] = 0.0, 40.0
     world.step((0.0, -1.0))
     granted = world.v_grant.tolist()
     if rule == "none":
