@@ -113,3 +113,26 @@ def test_a_car_is_not_let_into_a_short_link_another_is_already_let_into(rule):
 def test_unknown_junction_chain_lists_the_valid_ones():
     with pytest.raises(ValueError, match="traffic.junction_chain must be one of queue, none"):
         SimConfig(traffic=TrafficParams(junction_chain="ring"))
+
+
+@pytest.mark.parametrize("rule", ["none", "queue"])
+def test_the_ego_in_a_junction_before_a_short_link_holds_the_ways_across_it_in_the_next(rule):
+    """The ego drives through junction 1 at 5 m/s, on to the 2 m link and junction 2; a car comes
+    up to junction 2 on the way crossing the ego's there. On the link the ego would be too close
+    to stop, so with the chain rule the car is not let in while the ego is in junction 1 on its
+    way to the link; under the rule before it was, and met the ego in junction 2
+    (CommonRoad's BEL_Wervik, `drivevlm` seed 2)."""
+    import math
+
+    from test_junction_geometry import linked_junctions
+
+    rm, ix = linked_junctions()
+    world = _world(rm, 1, junction_chain=rule, stuck_respawn=None, wait_cycle_after=None)
+    assert len(world.v_lane) == 1
+    world.reset(seed=0, ego_pose=(-12.0, 0.0, 0.0), ego_speed=5.0)  # half-way through junction 1
+    ein = ix["ein"]
+    _place(world, 0, ein, rm.length[ein] - 4.0, 2.0, [ein, ix["w"], ix["eout"]])
+    world.step((0.0, 0.0))
+    assert world._ego_lane == ix["l1"]  # still in junction 1
+    assert math.hypot(world.ego["x"] + 12.0, world.ego["y"]) < 1.0
+    assert world.v_grant[0] == (ix["w"] if rule == "none" else -1)

@@ -154,7 +154,9 @@ class TrafficParams:
     #                                through, past the last point where it stands in a crossing
     #                                or diverging way's path, when the room beyond is short; and
     #                                a stretch shorter than a car before the next junction is
-    #                                entered only when it is empty and nobody else is let into it
+    #                                entered only when it is empty and nobody else is let into it;
+    #                                the ego going through a junction towards such a link holds
+    #                                the ways it may take in the next junction
     #                                (CommonRoad's Roundabout8Course locked: entries and the ring
     #                                filled each other's links); none: the behaviour before (the
     #                                study pins it)

@@ -562,6 +562,31 @@ def traffic_step(
                 if lane[j] == ego_lane and s[j] > ego_s:
                     ego_coming = False
                     break
+    # (junction_chain) the ego in a junction whose way leads on over a short link into the next
+    # junction claims the ways it may take there, as it would coming up on the link: by the time
+    # it is on the link it is too close to stop, and one let into a way merging with its own
+    # there met it (BEL_Wervik); not while another vehicle is on the link before it
+    ego_via = -1
+    if ego_lane >= 0 and junction[ego_lane] >= 0 and ego_v > 0.5:
+        for q in range(succ.shape[1]):
+            e = succ[ego_lane, q]
+            if e >= 0 and link_in[e]:
+                ego_via = e
+                break
+        for _ in range(8):  # over a link of several lanes, to its last
+            if ego_via < 0:
+                break
+            for j in range(n):
+                if lane[j] == ego_via:
+                    ego_via = -1
+                    break
+            if ego_via < 0:
+                break
+            nx = succ[ego_via, 0]
+            if nx >= 0 and junction[nx] < 0 and link_in[nx] and succ[ego_via, 1] < 0:
+                ego_via = nx
+            else:
+                break
     req = np.empty(n, np.int64)
     nr = 0
     for i in range(n):
@@ -645,6 +670,13 @@ def traffic_step(
             if ok and ego_coming:
                 for q in range(succ.shape[1]):
                     e = succ[ego_lane, q]
+                    if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
+                        ok = False
+                        rej[i] = BLOCKED_EGO
+                        break
+            if ok and ego_via >= 0:
+                for q in range(succ.shape[1]):
+                    e = succ[ego_via, q]
                     if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
                         ok = False
                         rej[i] = BLOCKED_EGO
