@@ -10,7 +10,7 @@ import pytest
 
 from drivemind.sim import SimConfig
 from drivemind.sim.config import TrafficParams
-from drivemind.sim.tables import LINK_SHORT, chain_links, traffic_tables, way_storage
+from drivemind.sim.tables import LINK_SHORT, chain_ids, chain_links, traffic_tables, way_storage
 from drivemind.sim.world import LiteWorld
 
 from roundabout import roundabout
@@ -32,6 +32,14 @@ def test_the_ring_s_short_links_are_found_and_its_ways_through_have_room_past_th
     links = set(np.flatnonzero(chain_links(rm, tab["succ"])).tolist())
     assert links == {ix[f"link{k}"] for k in range(4)}  # 11.4 m each; arms and ways are none
     assert all(rm.length[ix[f"link{k}"]] < LINK_SHORT for k in range(4))
+    # as kernel tables: one id per link; a way through leads into the link after its junction
+    link_id, via = chain_ids(rm, tab["succ"])
+    assert sorted(link_id[ix[f"link{k}"]] for k in range(4)) == [0, 1, 2, 3]
+    assert (link_id >= 0).sum() == 4
+    for k in range(4):
+        for way in ("cont", "entry"):
+            assert via[ix[f"{way}{k}"]].tolist() == [ix[f"link{k}"]] * 2
+        assert via[ix[f"exit{k}"]].tolist() == [-1, -1] and via[ix[f"in{k}"]].tolist() == [-1, -1]
     store = way_storage(rm, tab["succ"], tab["conflict"], tab["clear"], 1.0)
     for k in range(4):
         # an entry only merges with the ring: all of it but the margin is room to queue in

@@ -468,8 +468,10 @@ def traffic_step(
     clear, release, release_margin,
     # overtaking in the oncoming lane (:func:`overtakes`; all OTK_OFF when traffic.overtake=off)
     otk, otk_of, otk_off, otk_lane,
-    # junctions joined by short links (traffic.junction_chain; all False / 0 with 'none')
-    link_in, store, short_empty,
+    # junctions joined by short links (traffic.junction_chain; -1 / 0 everywhere with 'none'):
+    # each link lane's link (-1: none), the first and last link lane after a junction lane, the
+    # room to queue on a way through past its crossings
+    link_id, via, store, short_empty,
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
@@ -567,25 +569,11 @@ def traffic_step(
     # it is on the link it is too close to stop, and one let into a way merging with its own
     # there met it (BEL_Wervik); not while another vehicle is on the link before it
     ego_via = -1
-    if ego_lane >= 0 and junction[ego_lane] >= 0 and ego_v > 0.5:
-        for q in range(succ.shape[1]):
-            e = succ[ego_lane, q]
-            if e >= 0 and link_in[e]:
-                ego_via = e
-                break
-        for _ in range(8):  # over a link of several lanes, to its last
-            if ego_via < 0:
-                break
-            for j in range(n):
-                if lane[j] == ego_via:
-                    ego_via = -1
-                    break
-            if ego_via < 0:
-                break
-            nx = succ[ego_via, 0]
-            if nx >= 0 and junction[nx] < 0 and link_in[nx] and succ[ego_via, 1] < 0:
-                ego_via = nx
-            else:
+    if ego_lane >= 0 and ego_v > 0.5 and via[ego_lane, 0] >= 0:
+        ego_via = via[ego_lane, 1]
+        for j in range(n):
+            if link_id[lane[j]] == link_id[via[ego_lane, 0]]:
+                ego_via = -1
                 break
     req = np.empty(n, np.int64)
     nr = 0
@@ -612,7 +600,7 @@ def traffic_step(
         keys = np.empty(nr)
         for q in range(nr):
             keys[q] = -wait[req[q]] * 1000.0 + dstop[req[q]]
-            if link_in[path[req[q], nxt_k[req[q]] - 1]]:
+            if link_id[path[req[q], nxt_k[req[q]] - 1]] >= 0:
                 keys[q] -= 1e9  # in a chain of junctions: asks first
         order = np.argsort(keys)
         claimed = np.empty(nr, np.int64)  # connectors of long waiters not granted this step
@@ -741,7 +729,7 @@ def traffic_step(
                                     room_by = j
                                     granted_in = True
                                     break
-                    if link_in[path[i, k - 1]]:
+                    if link_id[path[i, k - 1]] >= 0:
                         free += store[c]
                     if free < need:
                         # a stretch shorter than a car to the next junction will do if it is empty
@@ -761,7 +749,7 @@ def traffic_step(
                 grant[i] = c
                 entered[i] = False
                 wait[i] = 0.0
-            elif wait[i] > STARVE_WAIT or link_in[path[i, nxt_k[i] - 1]]:
+            elif wait[i] > STARVE_WAIT or link_id[path[i, nxt_k[i] - 1]] >= 0:
                 claimed[ncl] = c
                 claimer[ncl] = i
                 ncl += 1

@@ -648,6 +648,42 @@ def chain_links(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
     return link
 
 
+def chain_ids(rm: RoadMap, succ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The links of :func:`chain_links` as kernel tables: ``link_id`` (L,) int64, the same number
+    for the lanes of one link (a stretch of link lanes each the only way on from the one before),
+    -1 for other lanes; ``via`` (L, 2) int64, for a junction lane leading into a link, its first
+    and last lane (-1 otherwise)."""
+    link = chain_links(rm, succ)
+    jn = rm.junction >= 0
+    link_id = np.full(rm.n_lanes, -1, np.int64)
+    via = np.full((rm.n_lanes, 2), -1, np.int64)
+
+    def after(x):  # the next lane of x's link, or -1
+        nx = succ[x][succ[x] >= 0]
+        return int(nx[0]) if len(nx) == 1 and link[nx[0]] else -1
+
+    pred = predecessors(succ)
+    n = 0
+    for lane in np.flatnonzero(link).tolist():
+        pr = pred[lane][pred[lane] >= 0]
+        if len(pr) == 1 and link[pr[0]] and after(int(pr[0])) == lane:
+            continue  # not the first lane of its link
+        x = lane
+        while x >= 0 and link_id[x] < 0:
+            link_id[x] = n
+            x = after(x)
+        n += 1
+    for j in np.flatnonzero(jn).tolist():
+        for e in succ[j][succ[j] >= 0].tolist():
+            if link[e]:
+                last = e
+                while after(last) >= 0 and link_id[after(last)] == link_id[e]:
+                    last = after(last)
+                via[j] = (e, last)
+                break
+    return link_id, via
+
+
 def way_storage(rm: RoadMap, succ: np.ndarray, conflict: np.ndarray, clear: np.ndarray,
                 margin: float) -> np.ndarray:
     """(L,) float: for a junction lane that is a whole way through (its successors lie outside
@@ -751,8 +787,8 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     if traffic.junction_release == "crossing" and "clear" not in tab:
         tab["clear"] = conflict_clear_points(rm, traffic.conflict_distance, tab["conflict"],
                                              tab["succ"], box=box)
-    if traffic.junction_chain == "queue" and "link" not in tab:
-        tab["link"] = chain_links(rm, tab["succ"])
+    if traffic.junction_chain == "queue" and "link_id" not in tab:
+        tab["link_id"], tab["via"] = chain_ids(rm, tab["succ"])
     skey = ("store", traffic.junction_release, traffic.release_margin)
     if traffic.junction_chain == "queue" and skey not in tab:
         # queueing on a way through needs the points where it stops blocking crossing ways

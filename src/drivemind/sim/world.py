@@ -120,9 +120,11 @@ class LiteWorld:
         # and how far a vehicle may queue on each way through past its last crossing
         self._chain = tp.junction_chain == "queue"
         if self._chain:
-            self._link_in, self._store = tab["link"], tab["store"]
+            self._link_id, self._via, self._store = tab["link_id"], tab["via"], tab["store"]
         else:
-            self._link_in, self._store = np.zeros(roadmap.n_lanes, np.bool_), np.zeros(roadmap.n_lanes)
+            self._link_id = np.full(roadmap.n_lanes, -1, np.int64)
+            self._via = np.full((roadmap.n_lanes, 2), -1, np.int64)
+            self._store = np.zeros(roadmap.n_lanes)
         if self._overtake:
             # the lanes leading into each lane (on the same links), and where the line on each side
             # of a lane may be crossed to overtake (no solid line, kerb or grass)
@@ -587,7 +589,7 @@ class LiteWorld:
                 self.v_xy, self.v_yaw, self.v_blocker,
                 self.clear, self._release, tp.release_margin,
                 self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
-                self._link_in, self._store, self._chain,
+                self._link_id, self._via, self._store, self._chain,
             )
             if m > self.npc_max_stuck_s:  # m: the longest standing time now
                 self.npc_max_stuck_s = m
