@@ -126,20 +126,21 @@ def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndar
                 ra, rb = find(a), find(int(b))
                 if ra != rb:
                     parent[ra] = rb
-    jl = np.flatnonzero(rm.junction >= 0)
-    if not len(jl):
-        return base
-    roots = np.array([find(a) for a in jl])
-    _, comp = np.unique(roots, return_inverse=True)
-    M = np.zeros((len(jl), comp.max() + 1), np.int32)
-    M[np.arange(len(jl)), comp] = 1
-    sub = base[np.ix_(jl, jl)].astype(np.int32)
-    cc = (M.T @ sub @ M) > 0
-    np.fill_diagonal(cc, True)
-    full = (M @ cc.astype(np.int32) @ M.T) > 0
-    np.fill_diagonal(full, False)
     out = base.copy()
-    out[np.ix_(jl, jl)] = full
+    # junction by junction (chains and conflicts stay within one): the products below grow with
+    # the cube of the lanes they span, hours for a town of thousands of junction lanes at once
+    for j in np.unique(rm.junction[rm.junction >= 0]):
+        jl = np.flatnonzero(rm.junction == j)
+        roots = np.array([find(a) for a in jl])
+        _, comp = np.unique(roots, return_inverse=True)
+        M = np.zeros((len(jl), comp.max() + 1), np.int32)
+        M[np.arange(len(jl)), comp] = 1
+        sub = base[np.ix_(jl, jl)].astype(np.int32)
+        cc = (M.T @ sub @ M) > 0
+        np.fill_diagonal(cc, True)
+        full = (M @ cc.astype(np.int32) @ M.T) > 0
+        np.fill_diagonal(full, False)
+        out[np.ix_(jl, jl)] = full
     return out
 
 
@@ -225,6 +226,11 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
         return clear
     # chains: the lanes linked within one junction, and the lanes after each lane in its chain
     after = {a: _way_lanes(rm, a, succ) - {a} for a in jl.tolist()}
+    before: dict[int, set[int]] = {a: set() for a in jl.tolist()}
+    for b, lanes in after.items():
+        for x in lanes:
+            if x in before:
+                before[x].add(b)
     comp: dict[int, set[int]] = {}
     for a in jl.tolist():
         if a in comp:
@@ -232,7 +238,7 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
         group, todo = {a}, [a]
         while todo:  # linked both ways
             x = todo.pop()
-            nb = set(after[x]) | {b for b in jl.tolist() if x in after[b]}
+            nb = set(after[x]) | before[x]
             for y in nb - group:
                 group.add(y)
                 todo.append(y)
@@ -408,23 +414,26 @@ def crossing_sites(rm: RoadMap, succ: np.ndarray | None = None) -> tuple[np.ndar
             anchors.append((lane, rm.length[lane] / 2, False))
     nonj = rm.junction[rm.point_lane] < 0
     P, Y, W = rm.pts[nonj], rm.yaw[nonj], rm.width[nonj]
+    cells = _Cells(P, 20.0)  # (a big town has millions of points: look only near each anchor)
+    lane_cells = _Cells(rm.pts, 20.0)
     sites, at_j, mids = [], [], []
     for lane, s, isj in anchors:
         x, y, h = rm.pose_at(lane, s)
         t = np.array([np.cos(h), np.sin(h)])
         n = np.array([-np.sin(h), np.cos(h)])
-        d = P - [x, y]
-        near = (np.abs(d @ t) < 0.8) & (np.abs(d @ n) < 20.0) & (np.abs(np.cos(Y - h)) > 0.9)
+        c = cells.near(x, y, 20.1)
+        d = P[c] - [x, y]
+        near = (np.abs(d @ t) < 0.8) & (np.abs(d @ n) < 20.0) & (np.abs(np.cos(Y[c] - h)) > 0.9)
         if not near.any():
             continue
         o = d[near] @ n
-        lo = float((o - W[near] / 2).min()) - 1.0
-        hi = float((o + W[near] / 2).max()) + 1.0
+        lo = float((o - W[c][near] / 2).min()) - 1.0
+        hi = float((o + W[c][near] / 2).max()) + 1.0
         mid = np.array([x, y]) + n * (lo + hi) / 2
-        if any(np.hypot(*(mid - m)) < 4.0 for m in mids):
+        if mids and bool((np.hypot(*(np.asarray(mids) - mid).T) < 4.0).any()):
             continue
         ends = np.array([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
-        if any(_on_a_lane(rm, e) for e in ends):
+        if any(_on_a_lane(rm, e, cells=lane_cells) for e in ends):
             continue  # a kerb end on some lane (a wider road than we saw, a road passing over)
         mids.append(mid)
         sites.append(ends.tolist())
@@ -600,10 +609,39 @@ def pavements(rm: RoadMap, sites: np.ndarray) -> Pavements:
     return cache[key]
 
 
-def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3) -> bool:
-    """Whether point p lies on a lane (within its half width + ``margin`` of a centre point)."""
-    d = np.hypot(rm.pts[:, 0] - p[0], rm.pts[:, 1] - p[1]) - rm.width / 2
-    return bool(d.min() < margin)
+def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3, cells=None) -> bool:
+    """Whether point p lies on a lane (within its half width + ``margin`` of a centre point);
+    ``cells``: a :class:`_Cells` of the map's points, to look only near p."""
+    if cells is None:
+        d = np.hypot(rm.pts[:, 0] - p[0], rm.pts[:, 1] - p[1]) - rm.width / 2
+        return bool(d.min() < margin)
+    c = cells.near(p[0], p[1], float(rm.width.max()) / 2 + margin)
+    d = np.hypot(rm.pts[c, 0] - p[0], rm.pts[c, 1] - p[1]) - rm.width[c] / 2
+    return bool(len(c)) and bool(d.min() < margin)
+
+
+class _Cells:
+    """The indices of points by square cells of ``cell`` m: those within a radius of a place,
+    without a pass over all of them."""
+
+    def __init__(self, pts: np.ndarray, cell: float):
+        self.cell = float(cell)
+        ij = np.floor(np.asarray(pts) / self.cell).astype(np.int64)
+        order = np.lexsort((ij[:, 1], ij[:, 0]))
+        keys = ij[order]
+        cut = np.flatnonzero(np.any(np.diff(keys, axis=0) != 0, axis=1)) + 1
+        self.by = {}
+        for part in np.split(order, cut):
+            if len(part):
+                self.by[(int(ij[part[0], 0]), int(ij[part[0], 1]))] = part
+
+    def near(self, x: float, y: float, r: float) -> np.ndarray:
+        """Indices (ascending) of every point within r of (x, y), and some a little further."""
+        i0, i1 = int(math.floor((x - r) / self.cell)), int(math.floor((x + r) / self.cell))
+        j0, j1 = int(math.floor((y - r) / self.cell)), int(math.floor((y + r) / self.cell))
+        parts = [self.by[(i, j)] for i in range(i0, i1 + 1) for j in range(j0, j1 + 1)
+                 if (i, j) in self.by]
+        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
 
 
 def predecessors(succ: np.ndarray) -> np.ndarray:
@@ -700,8 +738,8 @@ def way_storage(rm: RoadMap, succ: np.ndarray, conflict: np.ndarray, clear: np.n
             continue
         ends = set(nx.tolist())
         top = 0.0
-        for o in jl.tolist():
-            if o == c or conflict[c, o] == 0:
+        for o in np.flatnonzero(conflict[c]).tolist():
+            if o == c:
                 continue
             onx = succ[o][succ[o] >= 0]
             if conflict[c, o] == 1 and ends & set(onx.tolist()):
