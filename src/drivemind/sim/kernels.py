@@ -575,6 +575,9 @@ def traffic_step(
             if link_id[lane[j]] == link_id[via[ego_lane, 0]]:
                 ego_via = -1
                 break
+    # the lane whose next junction's ways the ego holds: its own, coming up to a junction, or the
+    # link it is heading for through the junction it is in
+    ego_from = ego_lane if ego_coming else ego_via
     req = np.empty(n, np.int64)
     nr = 0
     for i in range(n):
@@ -655,16 +658,9 @@ def traffic_step(
                 if ok and conflict[c, ego_jlanes[q]]:
                     ok = False
                     rej[i] = BLOCKED_EGO
-            if ok and ego_coming:
+            if ok and ego_from >= 0:
                 for q in range(succ.shape[1]):
-                    e = succ[ego_lane, q]
-                    if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
-                        ok = False
-                        rej[i] = BLOCKED_EGO
-                        break
-            if ok and ego_via >= 0:
-                for q in range(succ.shape[1]):
-                    e = succ[ego_via, q]
+                    e = succ[ego_from, q]
                     if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
                         ok = False
                         rej[i] = BLOCKED_EGO
