@@ -116,8 +116,9 @@ class LiteWorld:
         self._dead_end = (self.succ < 0).all(axis=1)
         self._has_dead_ends = bool(self._dead_end.any())
         self._overtake = tp.overtake == "oncoming"
-        # junctions joined by short links (traffic.junction_chain): which lanes are such links,
-        # and how far a vehicle may queue on each way through past its last crossing
+        # junctions joined by short links (traffic.junction_chain): which lanes are such links
+        # (one id per link), the link each junction lane leads into, and how far a vehicle may
+        # queue on each way through past its last crossing
         self._chain = tp.junction_chain == "queue"
         if self._chain:
             self._link_id, self._via, self._store = tab["link_id"], tab["via"], tab["store"]
@@ -821,5 +822,3 @@ def detector_lanes(rm: RoadMap, lane_light: np.ndarray, succ: np.ndarray, reach:
                 det_light[a], det_off[a] = det_light[b], off
                 todo.append(a)
     return det_light, det_off
-
-
