@@ -1710,6 +1710,78 @@ def _script_main(name: str, argv: list[str]) -> dict:
     return mod.main(argv)
 
 
+def grid_town_xodr(n: int, spacing: float = 80.0) -> str:
+    """OpenDRIVE of an n x n lattice of 4-way junctions (two-way one-lane streets ``spacing`` m
+    apart, every other junction signalised), built with the built-in towns' builder: a town as
+    large as asked, for :func:`bench_load`."""
+    from drivemind.maps import towns
+
+    b = towns._TownBuilder(f"grid{n}x{n}")
+
+    def nid(i, j):
+        return 1000 * i + j
+
+    for i in range(n):
+        for j in range(n):
+            b.node(nid(i, j), i * spacing, j * spacing, d=towns.LANE_WIDTH + towns.SIDEWALK_WIDTH + 6.0,
+                   signalised=(i + j) % 2 == 0)
+    for j in range(n):
+        for i in range(n - 1):
+            b.road(nid(i, j), 0, nid(i + 1, j), 180, lanes=1, shape="line")
+    for i in range(n):
+        for j in range(n - 1):
+            b.road(nid(i, j), 90, nid(i, j + 1), 270, lanes=1, shape="line")
+    return b.to_xodr()
+
+
+def bench_load(args) -> dict:
+    """Seconds to load a town and build its traffic tables and world, and the memory it takes:
+    how the simulator scales with a town's size (--grid N: a generated N x N lattice)."""
+    import resource
+    import tempfile
+
+    from drivemind.maps import load_town
+    from drivemind.sim import density_config
+    from drivemind.sim.config import TrafficParams
+    from drivemind.sim.tables import traffic_tables
+    from drivemind.sim.world import LiteWorld
+
+    pinned = pin_one_core() if args.cores == 1 else False
+    name, gen_s = args.town, None
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.grid:
+            t = time.perf_counter()
+            text = grid_town_xodr(args.grid)
+            gen_s = time.perf_counter() - t
+            name = os.path.join(tmp, f"grid{args.grid}x{args.grid}.xodr")
+            with open(name, "w") as f:
+                f.write(text)
+        t0 = time.perf_counter()
+        rm = load_town(name)
+        t1 = time.perf_counter()
+    traffic_tables(rm, TrafficParams())
+    t2 = time.perf_counter()
+    world = LiteWorld(rm, density_config(args.density))
+    t3 = time.perf_counter()
+    world.reset(seed=args.seed, ego_pose=0)
+    t4 = time.perf_counter()
+    for _ in range(20):  # compiled kernels load from the cache
+        world.step((0.0, -1.0))
+    t5 = time.perf_counter()
+    for _ in range(args.steps):
+        world.step((0.0, -1.0))
+    t6 = time.perf_counter()
+    return {"what": "load", "town": rm.name, "grid": args.grid, "density": args.density,
+            "lanes": int(rm.n_lanes), "junction_lanes": int((rm.junction >= 0).sum()),
+            "junctions": int(len(np.unique(rm.junction[rm.junction >= 0]))),
+            "generate_s": None if gen_s is None else round(gen_s, 2),
+            "load_s": round(t1 - t0, 2), "tables_s": round(t2 - t1, 2),
+            "world_s": round(t3 - t2, 2), "reset_s": round(t4 - t3, 2),
+            "step_ms": round(1000 * (t6 - t5) / max(args.steps, 1), 3),
+            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "one_core": pinned, **machine()}
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough = {"reward-dist": "reward_distribution", "reward-service": "bench_reward_service"}
@@ -1744,6 +1816,15 @@ def main(argv=None):
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
+    p = sub.add_parser("load", help="seconds to load a town and build its traffic tables and world, "
+                                    "and its memory: a town's size against the simulator's set-up")
+    p.add_argument("--town", default="Town05")
+    p.add_argument("--grid", type=int, default=0, metavar="N",
+                   help="a generated N x N lattice of 4-way junctions instead of --town")
+    p.add_argument("--density", default="dense")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--steps", type=int, default=200, help="world steps timed after set-up")
+    p.add_argument("--cores", type=int, default=1, help="1 pins the process to one core")
     p = sub.add_parser("autopilot", help="autopilot route completion on the fixed evaluation routes")
     p.add_argument("--town", default="Town02")
     p.add_argument("--density", default="regular")
@@ -1924,7 +2005,7 @@ def main(argv=None):
     sub.add_parser("reward-service", help="reward service vs in-process embedding throughput "
                                           "(scripts/bench_reward_service.py; its options follow)")
     args = ap.parse_args(argv)
-    result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot,
+    result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot, "load": bench_load,
               "train": bench_train, "update": bench_update, "reward": bench_reward, "learn": bench_learn,
               "checkpoints": bench_checkpoints, "learn-summary": bench_learn_summary,
               "side-by-side": bench_side_by_side,
