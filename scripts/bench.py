@@ -39,6 +39,12 @@ env: the full Gymnasium env step (world + 15x192x192 BEV + observation + facts),
      ratio_vs_highway_env. Resets are not timed for either. Needs the bench extra for the peer:
      pip install -e ".[bench]".
 
+    python scripts/bench.py load --grid 20
+
+load: how the simulator's set-up scales with a town's size: seconds to load the town (--town T)
+     or a generated N x N lattice of 4-way junctions (--grid N), to build its traffic tables, its
+     world and its first reset, ms per world step after that, and the process's peak memory.
+
     python scripts/bench.py autopilot --town Town02 --density regular
 
 autopilot: the built-in autopilot on the town's 10 fixed evaluation routes (eval mode: one route
