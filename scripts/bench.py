@@ -1929,7 +1929,7 @@ def main(argv=None):
                         "are printed beside it)")
     p.add_argument("override", nargs="*", help="extra Hydra overrides, e.g. algo.batch_size=128")
     p = sub.add_parser("learn-summary", help="many `learn` runs' JSON: route completion per variant "
-                                             "with 95 % intervals, runs at the goal, against a reference")
+                                             "with 95 %% intervals, runs at the goal, against a reference")
     p.add_argument("arms", nargs="+", metavar="NAME=PATTERN[,PATTERN...]",
                    help="a variant and the glob patterns of its `learn` JSON files")
     p.add_argument("--ref", default=None, help="the variant the others are compared with")

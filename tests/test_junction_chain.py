@@ -145,13 +145,3 @@ def test_the_ego_in_a_junction_before_a_short_link_holds_the_ways_across_it_in_t
     assert math.hypot(world.ego["x"] + 12.0, world.ego["y"]) < 1.0
     assert world.v_grant[0] == (ix["w"] if rule == "none" else -1)
 
-
-def test_bench_load_builds_a_grid_town_of_the_size_asked():
-    """`bench.py load --grid N` (how the set-up scales with a town's size, docs/benchmarks.md stop
-    51): an N x N lattice of 4-way junctions, each joined to its neighbours by a two-way street."""
-    from script_loader import load_script
-
-    out = load_script("bench").main(["load", "--grid", "3", "--steps", "5", "--cores", "0"])
-    assert out["junctions"] == 9
-    assert out["lanes"] == out["junction_lanes"] + 2 * 12  # 12 streets, a lane each way
-    assert out["tables_s"] >= 0.0 and out["step_ms"] > 0.0 and out["max_rss_mb"] > 0
