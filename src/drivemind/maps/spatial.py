@@ -30,6 +30,18 @@ class LaneGrid:
     def args(self):
         return (self.origin, self.cell, self.shape[0], self.shape[1], self.start, self.items)
 
+    def near(self, x: float, y: float, radius: float) -> np.ndarray:
+        """Indices (ascending) of the centre-line points within ``radius`` of (x, y), and some a
+        little farther: those of the cells that can hold such a point."""
+        ny = self.shape[1]
+        i0, i1, j0, j1 = _cells(self.origin, self.cell, self.shape[0], ny, float(x), float(y),
+                                float(radius))
+        if i0 >= i1 or j0 >= j1:
+            return np.zeros(0, np.int64)
+        # a row of cells is one run of items (cell index i * ny + j)
+        return np.sort(np.concatenate([self.items[self.start[i * ny + j0]:self.start[i * ny + j1]]
+                                       for i in range(i0, i1)]))
+
 
 def lane_grid(rm: RoadMap) -> LaneGrid:
     grid = getattr(rm, "_lane_grid", None)

@@ -402,6 +402,8 @@ def crossing_sites(rm: RoadMap, succ: np.ndarray | None = None) -> tuple[np.ndar
     A site spans every lane of the road, found geometrically (parallel or anti-parallel lane
     points beside the anchor), and ends 1 m beyond the outer lane edges.
     """
+    from ..maps.spatial import lane_grid
+
     succ = rm.succ if succ is None else succ
     anchors = []
     for lane in range(rm.n_lanes):
@@ -413,27 +415,27 @@ def crossing_sites(rm: RoadMap, succ: np.ndarray | None = None) -> tuple[np.ndar
         if rm.length[lane] > 40.0:
             anchors.append((lane, rm.length[lane] / 2, False))
     nonj = rm.junction[rm.point_lane] < 0
-    P, Y, W = rm.pts[nonj], rm.yaw[nonj], rm.width[nonj]
-    cells = _Cells(P, 20.0)  # (a big town has millions of points: look only near each anchor)
-    lane_cells = _Cells(rm.pts, 20.0)
+    grid = lane_grid(rm)  # (a big town has millions of points: look only near each anchor)
     sites, at_j, mids = [], [], []
     for lane, s, isj in anchors:
         x, y, h = rm.pose_at(lane, s)
         t = np.array([np.cos(h), np.sin(h)])
         n = np.array([-np.sin(h), np.cos(h)])
-        c = cells.near(x, y, 20.1)
-        d = P[c] - [x, y]
-        near = (np.abs(d @ t) < 0.8) & (np.abs(d @ n) < 20.0) & (np.abs(np.cos(Y[c] - h)) > 0.9)
+        c = grid.near(x, y, 20.1)
+        c = c[nonj[c]]
+        d = rm.pts[c] - [x, y]
+        near = ((np.abs(d @ t) < 0.8) & (np.abs(d @ n) < 20.0)
+                & (np.abs(np.cos(rm.yaw[c] - h)) > 0.9))
         if not near.any():
             continue
         o = d[near] @ n
-        lo = float((o - W[c][near] / 2).min()) - 1.0
-        hi = float((o + W[c][near] / 2).max()) + 1.0
+        lo = float((o - rm.width[c][near] / 2).min()) - 1.0
+        hi = float((o + rm.width[c][near] / 2).max()) + 1.0
         mid = np.array([x, y]) + n * (lo + hi) / 2
         if mids and bool((np.hypot(*(np.asarray(mids) - mid).T) < 4.0).any()):
             continue
         ends = np.array([[x + n[0] * lo, y + n[1] * lo], [x + n[0] * hi, y + n[1] * hi]])
-        if any(_on_a_lane(rm, e, cells=lane_cells) for e in ends):
+        if any(_on_a_lane(rm, e) for e in ends):
             continue  # a kerb end on some lane (a wider road than we saw, a road passing over)
         mids.append(mid)
         sites.append(ends.tolist())
@@ -609,39 +611,13 @@ def pavements(rm: RoadMap, sites: np.ndarray) -> Pavements:
     return cache[key]
 
 
-def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3, cells=None) -> bool:
-    """Whether point p lies on a lane (within its half width + ``margin`` of a centre point);
-    ``cells``: a :class:`_Cells` of the map's points, to look only near p."""
-    if cells is None:
-        d = np.hypot(rm.pts[:, 0] - p[0], rm.pts[:, 1] - p[1]) - rm.width / 2
-        return bool(d.min() < margin)
-    c = cells.near(p[0], p[1], float(rm.width.max()) / 2 + margin)
-    d = np.hypot(rm.pts[c, 0] - p[0], rm.pts[c, 1] - p[1]) - rm.width[c] / 2
-    return bool(len(c)) and bool(d.min() < margin)
+def _on_a_lane(rm: RoadMap, p: np.ndarray, margin: float = 0.3) -> bool:
+    """Whether point p lies on a lane (within its half width + ``margin`` of a centre point)."""
+    from ..maps.spatial import edge_clearance, lane_grid
 
-
-class _Cells:
-    """The indices of points by square cells of ``cell`` m: those within a radius of a place,
-    without a pass over all of them."""
-
-    def __init__(self, pts: np.ndarray, cell: float):
-        self.cell = float(cell)
-        ij = np.floor(np.asarray(pts) / self.cell).astype(np.int64)
-        order = np.lexsort((ij[:, 1], ij[:, 0]))
-        keys = ij[order]
-        cut = np.flatnonzero(np.any(np.diff(keys, axis=0) != 0, axis=1)) + 1
-        self.by = {}
-        for part in np.split(order, cut):
-            if len(part):
-                self.by[(int(ij[part[0], 0]), int(ij[part[0], 1]))] = part
-
-    def near(self, x: float, y: float, r: float) -> np.ndarray:
-        """Indices (ascending) of every point within r of (x, y), and some a little further."""
-        i0, i1 = int(math.floor((x - r) / self.cell)), int(math.floor((x + r) / self.cell))
-        j0, j1 = int(math.floor((y - r) / self.cell)), int(math.floor((y + r) / self.cell))
-        parts = [self.by[(i, j)] for i in range(i0, i1 + 1) for j in range(j0, j1 + 1)
-                 if (i, j) in self.by]
-        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+    reach = float(rm.width.max()) / 2 + margin  # no point farther can bring it within margin
+    return edge_clearance(*lane_grid(rm).args(), rm.pts, rm.width, float(p[0]), float(p[1]),
+                          reach) < margin
 
 
 def predecessors(succ: np.ndarray) -> np.ndarray:
@@ -825,14 +801,14 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     if traffic.junction_release == "crossing" and "clear" not in tab:
         tab["clear"] = conflict_clear_points(rm, traffic.conflict_distance, tab["conflict"],
                                              tab["succ"], box=box)
-    if traffic.junction_chain == "queue" and "link_id" not in tab:
-        tab["link_id"], tab["via"] = chain_ids(rm, tab["succ"])
-    skey = ("store", traffic.junction_release, traffic.release_margin)
-    if traffic.junction_chain == "queue" and skey not in tab:
-        # queueing on a way through needs the points where it stops blocking crossing ways
-        tab[skey] = (way_storage(rm, tab["succ"], tab["conflict"], tab["clear"],
-                                 traffic.release_margin)
-                     if traffic.junction_release == "crossing" else np.zeros(rm.n_lanes))
     if traffic.junction_chain == "queue":
-        tab["store"] = tab[skey]
+        if "link_id" not in tab:
+            tab["link_id"], tab["via"] = chain_ids(rm, tab["succ"])
+        skey = ("store", traffic.junction_release, traffic.release_margin)
+        if skey not in tab:
+            # queueing on a way through needs the points where it stops blocking crossing ways
+            tab[skey] = (way_storage(rm, tab["succ"], tab["conflict"], tab["clear"],
+                                     traffic.release_margin)
+                         if traffic.junction_release == "crossing" else np.zeros(rm.n_lanes))
+        tab["store"] = tab[skey]  # this TrafficParams' (the world reads it right after)
     return tab
