@@ -612,6 +612,7 @@ def traffic_step(
         for q in range(nr):
             i = req[order[q]]
             c = nxt_c[i]
+            on_link = link_id[path[i, nxt_k[i] - 1]] >= 0  # (junction_chain) it comes off a link
             ok = True
             # no starving: nothing crossing the way of one that has waited long goes first
             for q2 in range(ncl):
@@ -725,7 +726,7 @@ def traffic_step(
                                     room_by = j
                                     granted_in = True
                                     break
-                    if link_id[path[i, k - 1]] >= 0:
+                    if on_link:
                         free += store[c]
                     if free < need:
                         # a stretch shorter than a car to the next junction will do if it is empty
@@ -745,7 +746,7 @@ def traffic_step(
                 grant[i] = c
                 entered[i] = False
                 wait[i] = 0.0
-            elif wait[i] > STARVE_WAIT or link_id[path[i, nxt_k[i] - 1]] >= 0:
+            elif wait[i] > STARVE_WAIT or on_link:
                 claimed[ncl] = c
                 claimer[ncl] = i
                 ncl += 1
@@ -1011,9 +1012,7 @@ def traffic_step(
             step = max(0.3, min(1.0, 0.35 * v[i])) * dt
             if lc_body and v[i] < 1.0 and _ego_beside(x, y, h, lat[i], hl[i], hw[i], step,
                                                       ego_xy, ego_yaw, ego_hl, ego_hw):
-                step = 0.0  # (nearly) standing, it does not slide over onto the ego beside it
-            if step == 0.0:
-                pass  # stays where it is, still between the lanes
+                pass  # (nearly) standing, it stays between the lanes, off the ego beside it
             elif abs(lat[i]) <= step:
                 lat[i] = 0.0
                 lcfrom[i] = -1
