@@ -636,12 +636,13 @@ LINK_SHORT = 15.0  # m: a stretch outside junctions shorter than this from one j
 #                    next makes the two a chain (traffic.junction_chain)
 
 
-def chain_links(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
+def chain_links(rm: RoadMap, succ: np.ndarray, pred: np.ndarray | None = None) -> np.ndarray:
     """(L,) bool: lanes outside junctions on a stretch (lanes with one way in and one way on)
     that runs from a junction to a junction and is shorter than LINK_SHORT m: a roundabout's ring
-    between two of its junctions, or a short link joining two junctions."""
+    between two of its junctions, or a short link joining two junctions. ``pred``: the
+    :func:`predecessors` of ``succ``, if at hand."""
     jn = rm.junction >= 0
-    pred = predecessors(succ)
+    pred = predecessors(succ) if pred is None else pred
     link = np.zeros(rm.n_lanes, np.bool_)
     for lane in np.flatnonzero(~jn).tolist():
         total, ends = rm.length[lane], 0
@@ -667,7 +668,8 @@ def chain_ids(rm: RoadMap, succ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     for the lanes of one link (a stretch of link lanes each the only way on from the one before),
     -1 for other lanes; ``via`` (L, 2) int64, for a junction lane leading into a link, its first
     and last lane (-1 otherwise)."""
-    link = chain_links(rm, succ)
+    pred = predecessors(succ)
+    link = chain_links(rm, succ, pred)
     jn = rm.junction >= 0
     link_id = np.full(rm.n_lanes, -1, np.int64)
     via = np.full((rm.n_lanes, 2), -1, np.int64)
@@ -676,7 +678,6 @@ def chain_ids(rm: RoadMap, succ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         nx = succ[x][succ[x] >= 0]
         return int(nx[0]) if len(nx) == 1 and link[nx[0]] else -1
 
-    pred = predecessors(succ)
     n = 0
     for lane in np.flatnonzero(link).tolist():
         pr = pred[lane][pred[lane] >= 0]
