@@ -1765,7 +1765,7 @@ def bench_load(args) -> dict:
         t0 = time.perf_counter()
         rm = load_town(name)
         t1 = time.perf_counter()
-    traffic_tables(rm, TrafficParams())
+    tab = traffic_tables(rm, TrafficParams())
     t2 = time.perf_counter()
     world = LiteWorld(rm, density_config(args.density))
     t3 = time.perf_counter()
@@ -1783,6 +1783,7 @@ def bench_load(args) -> dict:
             "generate_s": None if gen_s is None else round(gen_s, 2),
             "load_s": round(t1 - t0, 2), "tables_s": round(t2 - t1, 2),
             "world_s": round(t3 - t2, 2), "reset_s": round(t4 - t3, 2),
+            "tables_mb": round(sum(getattr(v, "nbytes", 0) for v in tab.values()) / 2**20, 1),
             "step_ms": round(1000 * (t6 - t5) / max(args.steps, 1), 3),
             "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "one_core": pinned, **machine()}

@@ -444,11 +444,35 @@ def _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length, 
     return False
 
 
+@nb.njit(cache=True, inline="always")
+def pair_at(jix, a, b):
+    """Where the pair of lanes (a, b) of one junction sits in a :class:`tables.JunctionPairs`
+    table's ``data`` (``jix``: its ``index``); -1 when they are not lanes of one junction."""
+    base = jix[a, 0]
+    if base < 0 or base != jix[b, 0]:
+        return -1
+    return base + jix[a, 1] * jix[a, 2] + jix[b, 1]
+
+
+@nb.njit(cache=True, inline="always")
+def _cf(conflict, jix, a, b):
+    """The junction conflict table at (a, b): 0 none, 1 conflict, 2 two ways from one lane."""
+    k = pair_at(jix, a, b)
+    return conflict[k] if k >= 0 else 0
+
+
+@nb.njit(cache=True, inline="always")
+def _cl(clear, jix, a, b):
+    """The clear-point table (tables.conflict_clear_points) at (a, b); inf off the table."""
+    k = pair_at(jix, a, b)
+    return clear[k] if k >= 0 else np.inf
+
+
 @nb.njit(cache=True)
 def traffic_step(
     dt, t,
     # map
-    offset, ds, length, pts, yaw, junction, succ, conflict, way_start, follow_way, exit_way,
+    offset, ds, length, pts, yaw, junction, succ, conflict, jix, way_start, follow_way, exit_way,
     lane_light, lane_vmax, taper_stop,
     # vehicles (modified in place)
     lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
@@ -616,7 +640,7 @@ def traffic_step(
             ok = True
             # no starving: nothing crossing the way of one that has waited long goes first
             for q2 in range(ncl):
-                if conflict[c, claimed[q2]] == 1 or c == claimed[q2]:
+                if _cf(conflict, jix, c, claimed[q2]) == 1 or c == claimed[q2]:
                     ok = False
                     rej[i] = claimer[q2]
                     break
@@ -626,11 +650,11 @@ def traffic_step(
                 lj = lane[j]
                 # one that went ahead from our lane into a way through diverging from ours, far
                 # enough in for us to follow it (as a leader), does not block us
-                ahead = (conflict[c, lj] == 2
+                ahead = (_cf(conflict, jix, c, lj) == 2
                          and way_start[lj] + s[j] - hl[j] > 2.0 * hl[i] + s0)
                 gone = False  # (release) past the crossing with our way, or ahead on it
-                if release and junction[lj] >= 0 and conflict[c, lj]:
-                    if s[j] - hl[j] > clear[lj, c] + release_margin:
+                if release and junction[lj] >= 0 and _cf(conflict, jix, c, lj):
+                    if s[j] - hl[j] > _cl(clear, jix, lj, c) + release_margin:
                         gone = True
                     else:
                         for kk in range(nxt_k[i] + 1, K):
@@ -639,30 +663,31 @@ def traffic_step(
                             if path[i, kk] == lj:
                                 gone = True
                                 break
-                if junction[lj] >= 0 and conflict[c, lj] and not ahead and not gone:
+                if junction[lj] >= 0 and _cf(conflict, jix, c, lj) and not ahead and not gone:
                     ok = False
                     rej[i] = j
                     break
                 gj = grant[j]
                 if gone and entered[j] and gj == lj:
                     continue
-                if gj >= 0 and conflict[c, gj] and not (ahead and gj == lj):
+                if gj >= 0 and _cf(conflict, jix, c, gj) and not (ahead and gj == lj):
                     ok = False
                     rej[i] = j
                     break
             if not ok and rej[i] == NO_BLOCKER:
                 rej[i] = BLOCKED_OTHER
-            if ok and ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
+            if (ok and ego_lane >= 0 and junction[ego_lane] >= 0
+                    and _cf(conflict, jix, c, ego_lane)):
                 ok = False
                 rej[i] = BLOCKED_EGO
             for q in range(ego_nj):  # junction lanes the ego may be on
-                if ok and conflict[c, ego_jlanes[q]]:
+                if ok and _cf(conflict, jix, c, ego_jlanes[q]):
                     ok = False
                     rej[i] = BLOCKED_EGO
             if ok and ego_from >= 0:
                 for q in range(succ.shape[1]):
                     e = succ[ego_from, q]
-                    if e >= 0 and junction[e] >= 0 and (e == c or conflict[c, e]):
+                    if e >= 0 and junction[e] >= 0 and (e == c or _cf(conflict, jix, c, e)):
                         ok = False
                         rej[i] = BLOCKED_EGO
                         break
@@ -735,7 +760,7 @@ def traffic_step(
                                 and not (short_empty and granted_in)):
                             ok = False
                             rej[i] = room_by
-                        elif exit_way and _ego_in_way(path, i, kk, junction, conflict,
+                        elif exit_way and _ego_in_way(path, i, kk, junction, conflict, jix,
                                                       ego_lane, ego_jlanes, ego_nj):
                             # ... and not while the ego is in the way on through that junction:
                             # it stood in the first, in the way of the ego waiting to leave the
@@ -771,14 +796,16 @@ def traffic_step(
                     continue
                 sj = s[j]
                 if lane[j] != l:
-                    if junction[l] >= 0 and junction[lane[j]] >= 0 and conflict[l, lane[j]] == 2:
+                    if (junction[l] >= 0 and junction[lane[j]] >= 0
+                            and _cf(conflict, jix, l, lane[j]) == 2):
                         # on a way through that leaves l's lane with l's: followed as on l, at
                         # its distance along its way (traffic.diverging_follow)
                         sj = s[j] + way_start[lane[j]] - way_start[l]
                         if follow_way:
                             if sj < 0.0 or sj > length[l]:
                                 continue  # alongside an earlier or a later lane of our way
-                            if release and s[j] - hl[j] > clear[lane[j], l] + release_margin:
+                            if (release and s[j] - hl[j]
+                                    > _cl(clear, jix, lane[j], l) + release_margin):
                                 continue  # past where the two ways part: not in ours
                     elif lcfrom[j] == l and abs(lat[j]) >= 0.5:
                         # changing lanes away from l and not yet across: still in our way
@@ -1045,14 +1072,14 @@ def _way_end(path, i, k, junction, K):
 
 
 @nb.njit(cache=True)
-def _ego_in_way(path, i, k, junction, conflict, ego_lane, ego_jlanes, ego_nj):
+def _ego_in_way(path, i, k, junction, conflict, jix, ego_lane, ego_jlanes, ego_nj):
     """Whether the ego is on a junction lane crossing the way through that starts at index k of
     vehicle i's path."""
     c = path[i, k]
-    if ego_lane >= 0 and junction[ego_lane] >= 0 and conflict[c, ego_lane]:
+    if ego_lane >= 0 and junction[ego_lane] >= 0 and _cf(conflict, jix, c, ego_lane):
         return True
     for q in range(ego_nj):
-        if conflict[c, ego_jlanes[q]]:
+        if _cf(conflict, jix, c, ego_jlanes[q]):
             return True
     return False
 

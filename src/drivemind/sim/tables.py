@@ -19,6 +19,114 @@ BOX_MARGIN = 0.1
 POSE_SUBSTEPS = 4  # poses tested per segment between two lane points
 
 
+class JunctionPairs:
+    """A table over pairs of lanes of one junction, stored junction by junction: the sum over
+    junctions of (its lane count)^2 entries, where an L x L array grows with the square of the
+    whole town (about 3.6 GB for the conflict and clear-point tables of a 20,000-lane town).
+
+    ``index`` (L, 3) int64 per lane: the offset of its junction's block in ``data`` (-1 outside
+    junctions), its position in the block (lanes in index order), and the block's lane count.
+    ``table[a, b]`` reads like the dense array it replaces (scalars, or index arrays that
+    broadcast, as ``np.ix_`` gives): ``fill`` for two lanes not of one junction. The kernels read
+    it through :func:`kernels.pair_at` on ``data`` and ``index``."""
+
+    def __init__(self, junction: np.ndarray, dtype, fill, index: np.ndarray | None = None):
+        self.fill = fill
+        if index is None:
+            L = len(junction)
+            index = np.full((L, 3), -1, np.int64)
+            base = 0
+            for j in np.unique(junction[junction >= 0]):
+                lanes = np.flatnonzero(junction == j)
+                n = len(lanes)
+                index[lanes, 0] = base
+                index[lanes, 1] = np.arange(n)
+                index[lanes, 2] = n
+                base += n * n
+            index[junction < 0, 2] = 0
+            self.size = base
+        else:
+            self.size = int((index[index[:, 0] >= 0, 2] ** 2).sum()) if len(index) else 0
+        self.index = index
+        self.data = np.full(self.size, fill, dtype)
+
+    def like(self, dtype, fill) -> "JunctionPairs":
+        """An empty table over the same blocks."""
+        out = JunctionPairs.__new__(JunctionPairs)
+        out.fill, out.index, out.size = fill, self.index, self.size
+        out.data = np.full(self.size, fill, dtype)
+        return out
+
+    def copy(self) -> "JunctionPairs":
+        out = self.like(self.data.dtype, self.fill)
+        out.data[:] = self.data
+        return out
+
+    def astype(self, dtype) -> "JunctionPairs":
+        out = self.like(dtype, np.asarray(self.fill).astype(dtype)[()])
+        out.data[:] = self.data.astype(dtype)
+        return out
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.index), len(self.index))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.index.nbytes)
+
+    def block(self, lanes: np.ndarray) -> np.ndarray:
+        """The (n, n) view of the block of one junction's lanes (all of them, in index order)."""
+        first = self.index[lanes[0]]
+        if first[0] < 0 or len(lanes) != first[2]:
+            raise ValueError("block() takes all the lanes of one junction, in index order")
+        n = int(first[2])
+        return self.data[first[0]:first[0] + n * n].reshape(n, n)
+
+    def row(self, a: int) -> tuple[np.ndarray, np.ndarray]:
+        """The lanes of ``a``'s junction and ``table[a, those]`` (empty outside junctions)."""
+        base, pos, n = (int(x) for x in self.index[a])
+        if base < 0:
+            return np.zeros(0, np.int64), self.data[:0]
+        lanes = np.flatnonzero(self.index[:, 0] == base)
+        return lanes, self.data[base + pos * n:base + (pos + 1) * n]
+
+    def partners(self, a: int) -> np.ndarray:
+        """The lanes ``b`` with ``table[a, b]`` nonzero (as ``np.flatnonzero(dense[a])``)."""
+        lanes, vals = self.row(a)
+        return lanes[vals != 0]
+
+    def _flat(self, key):
+        a, b = key
+        if isinstance(a, (int, np.integer)) and isinstance(b, (int, np.integer)):
+            ia, ib = self.index[a], self.index[b]
+            same = bool(ia[0] >= 0 and ia[0] == ib[0])
+            return np.asarray(ia[0] + ia[1] * ia[2] + ib[1] if same else -1), np.asarray(same)
+        A, B = np.broadcast_arrays(np.asarray(a, np.int64), np.asarray(b, np.int64))
+        ia, ib = self.index[A], self.index[B]
+        same = (ia[..., 0] >= 0) & (ia[..., 0] == ib[..., 0])
+        flat = np.where(same, ia[..., 0] + ia[..., 1] * ia[..., 2] + ib[..., 1], -1)
+        return flat, same
+
+    def __getitem__(self, key):
+        flat, same = self._flat(key)
+        out = np.where(same, self.data[np.where(same, flat, 0)] if self.size else self.fill,
+                       self.fill).astype(self.data.dtype)
+        return out[()] if out.ndim == 0 else out
+
+    def __setitem__(self, key, value):
+        flat, same = self._flat(key)
+        value = np.broadcast_to(np.asarray(value, self.data.dtype), flat.shape)
+        if (~same & (value != self.fill)).any():
+            raise ValueError("a JunctionPairs table holds only pairs of lanes of one junction")
+        self.data[flat[same]] = value[same]
+
+    def dense(self) -> np.ndarray:
+        """The L x L array (small maps and tests only)."""
+        L = len(self.index)
+        return self[np.arange(L)[:, None], np.arange(L)[None, :]]
+
+
 def lane_poses(rm: RoadMap, lane: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(xy, yaw, s) of the poses a vehicle on ``lane`` takes as :func:`kernels.lane_pose` places
     it: POSE_SUBSTEPS positions on each segment between two lane points, each at the heading of
@@ -68,8 +176,8 @@ MIN_BOX_LANE = 0.1  # m: a shorter lane (a degenerate lane section) has no headi
 
 
 def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None, *,
-                    box: bool = False, ways: bool = False) -> np.ndarray:
-    """conflict[a, b] (int8, nonzero: conflict): junction lanes a and b (same junction, a != b)
+                    box: bool = False, ways: bool = False) -> JunctionPairs:
+    """conflict[a, b] (int8 :class:`JunctionPairs`, nonzero: conflict): junction lanes a and b (same junction, a != b)
     come within ``dist`` m, directly or through the lanes chained to them (see
     :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane (with
     ``ways``: every lane of the one way against every lane of the other).
@@ -78,12 +186,14 @@ def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None, *,
     (VEHICLE_BOX, BOX_MARGIN wider on each side) at a pose on one overlaps that box at a pose on
     the other: centre lines further apart than ``dist`` can still bring two bodies together where
     the ways curve (two opposite left turns whose boxes cut inside the bend)."""
-    L = rm.n_lanes
-    out = np.zeros((L, L), np.bool_)
+    out = JunctionPairs(rm.junction, np.bool_, False)
     half = _box_half(box)
     reach = 2.0 * math.hypot(*half) if half else 0.0
     for j in rm.junction_ids:
         lanes = np.flatnonzero(rm.junction == j)
+        if not len(lanes):
+            continue
+        blk = out.block(lanes)
         P = [rm.lane_points(a) for a in lanes]
         poses: dict = {}
         for ia in range(len(lanes)):
@@ -99,12 +209,12 @@ def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None, *,
                     hit = bool(boxes_touch(poses[ia][0], poses[ia][1], poses[ib][0],
                                            poses[ib][1], half).any())
                 if hit:
-                    out[lanes[ia], lanes[ib]] = out[lanes[ib], lanes[ia]] = True
+                    blk[ia, ib] = blk[ib, ia] = True
     succ = rm.succ if succ is None else succ
     return _mark_siblings(rm, _chain_conflicts(rm, out, succ), succ, ways)
 
 
-def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndarray:
+def _chain_conflicts(rm: RoadMap, base: JunctionPairs, succ: np.ndarray) -> JunctionPairs:
     """A way through a junction can be several lanes in a row (a connecting road with several
     lane sections); a vehicle holds it as a whole. So lanes linked within one junction form one
     chain, and two junction lanes conflict when anything of their chains does (and two lanes of
@@ -135,17 +245,17 @@ def _chain_conflicts(rm: RoadMap, base: np.ndarray, succ: np.ndarray) -> np.ndar
         _, comp = np.unique(roots, return_inverse=True)
         M = np.zeros((len(jl), comp.max() + 1), np.int32)
         M[np.arange(len(jl)), comp] = 1
-        sub = base[np.ix_(jl, jl)].astype(np.int32)
+        sub = base.block(jl).astype(np.int32)
         cc = (M.T @ sub @ M) > 0
         np.fill_diagonal(cc, True)
         full = (M @ cc.astype(np.int32) @ M.T) > 0
         np.fill_diagonal(full, False)
-        out[np.ix_(jl, jl)] = full
+        out.block(jl)[:] = full
     return out
 
 
-def _mark_siblings(rm: RoadMap, conflict: np.ndarray, succ: np.ndarray,
-                   ways: bool = False) -> np.ndarray:
+def _mark_siblings(rm: RoadMap, conflict: JunctionPairs, succ: np.ndarray,
+                   ways: bool = False) -> JunctionPairs:
     """conflict as int8: 1 where two junction lanes conflict, 2 where they are the first lanes of
     two ways through that leave the same lane (they overlap where they start and then diverge: a
     vehicle may follow another into them, as into one lane, rather than wait until it is out);
@@ -208,9 +318,9 @@ def way_start(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
     return start
 
 
-def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
-                          succ: np.ndarray | None = None, *, box: bool = False) -> np.ndarray:
-    """clear[a, c] (float64, L x L): how far along junction lane ``a`` (m from its start) a
+def conflict_clear_points(rm: RoadMap, dist: float, conflict: JunctionPairs,
+                          succ: np.ndarray | None = None, *, box: bool = False) -> JunctionPairs:
+    """clear[a, c] (float64 :class:`JunctionPairs` over ``conflict``'s blocks): how far along junction lane ``a`` (m from its start) a
     vehicle's rear must be before it no longer stands in the way of a vehicle entering the way
     through that starts with junction lane ``c``: the last point of ``a`` within ``dist`` m of any
     lane of ``c``'s chain (see :func:`_chain_conflicts`), 0 where ``a`` comes near it only through
@@ -218,8 +328,7 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
     vehicle has not passed the crossing yet) or where ``a`` and ``c`` do not conflict. Used by
     ``traffic.junction_release='crossing'``. With ``box`` (as :func:`conflict_matrix`), also the
     rear of the last pose of ``a`` whose box overlaps a box on ``c``'s chain."""
-    L = rm.n_lanes
-    clear = np.full((L, L), np.inf)
+    clear = conflict.like(np.float64, np.inf)
     succ = rm.succ if succ is None else succ
     jl = np.flatnonzero(rm.junction >= 0)
     if not len(jl):
@@ -278,7 +387,7 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: np.ndarray,
         return last
 
     for a in jl.tolist():
-        for c in np.flatnonzero(conflict[a]).tolist():
+        for c in conflict.partners(a).tolist():
             if rm.junction[c] < 0:
                 continue
             if any(last_near(d, comp[c]) > -np.inf for d in after[a]):
@@ -699,7 +808,7 @@ def chain_ids(rm: RoadMap, succ: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return link_id, via
 
 
-def way_storage(rm: RoadMap, succ: np.ndarray, conflict: np.ndarray, clear: np.ndarray,
+def way_storage(rm: RoadMap, succ: np.ndarray, conflict: JunctionPairs, clear: JunctionPairs,
                 margin: float) -> np.ndarray:
     """(L,) float: for a junction lane that is a whole way through (its successors lie outside
     the junction), how much of it lies past the last point where a vehicle's rear still stands in
@@ -715,13 +824,16 @@ def way_storage(rm: RoadMap, succ: np.ndarray, conflict: np.ndarray, clear: np.n
             continue
         ends = set(nx.tolist())
         top = 0.0
-        for o in np.flatnonzero(conflict[c]).tolist():
+        lanes, row = conflict.row(c)
+        _, crow = clear.row(c)
+        for q in np.flatnonzero(row).tolist():
+            o = int(lanes[q])
             if o == c:
                 continue
             onx = succ[o][succ[o] >= 0]
-            if conflict[c, o] == 1 and ends & set(onx.tolist()):
+            if row[q] == 1 and ends & set(onx.tolist()):
                 continue  # it merges: a vehicle standing there is in the queue the other joins
-            top = max(top, float(clear[c, o]))
+            top = max(top, float(crow[q]))
         if math.isfinite(top):
             store[c] = max(0.0, float(rm.length[c]) - top - margin)
     return store

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
 LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1 s)
 CYCLE_EVERY = 10  # steps between looks for waits-for cycles (1 Hz with dt = 0.1 s)
+_NO_CLEAR = np.zeros(0)  # the clear-point table the kernel gets when junction_release reads none
 RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is put back at (a car's
 #                           half length plus a walker's reach: never onto one crossing there)
 EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it stands at the
@@ -85,7 +86,7 @@ class LiteWorld:
         self.conflict = tab["conflict"]
         self.way_start = tab["way_start"]
         self._release = tp.junction_release == "crossing"
-        self.clear = tab["clear"] if self._release else np.zeros((1, 1))
+        self.clear = tab["clear"] if self._release else None  # a JunctionPairs like conflict
         self.lane_vmax = tab["vmax"]
         self.lights = tab["lights"]
         self._light_ids = np.arange(len(self.lights.junction_of_light), dtype=np.int64)
@@ -572,8 +573,8 @@ class LiteWorld:
             self.npc_overtake_aborts += ab
         if n:
             m = K.traffic_step(
-                dt, self.time, *self._m, self.map.junction, self.succ, self.conflict,
-                self.way_start,
+                dt, self.time, *self._m, self.map.junction, self.succ, self.conflict.data,
+                self.conflict.index,                 self.way_start,
                 tp.diverging_follow == "way", tp.junction_exit == "way",
                 self.lights.lane_light, self.lane_vmax, self.taper_stop,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
@@ -588,7 +589,8 @@ class LiteWorld:
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
-                self.clear, self._release, tp.release_margin,
+                self.clear.data if self._release else _NO_CLEAR, self._release,
+                tp.release_margin,
                 self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
                 self._link_id, self._via, self._store, self._chain,
             )
