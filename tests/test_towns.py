@@ -328,3 +328,41 @@ def test_single_lane_towns_have_one_lane_per_direction():
         assert not any(
             _same_direction_driving_neighbour(wp) for wp in t.lane_start.values() if not wp.is_junction
         )
+
+
+def _grid_builder(n: int, name: str = "g"):
+    from drivemind.maps import towns
+
+    b = towns._TownBuilder(name)
+    for i in range(n):
+        for j in range(n):
+            b.node(10 * i + j, 80.0 * i, 80.0 * j, d=12.0, signalised=(i + j) % 2 == 0)
+    for i in range(n):
+        for j in range(n - 1):
+            b.road(10 * j + i, 0, 10 * (j + 1) + i, 180, lanes=1, shape="line")
+            b.road(10 * i + j, 90, 10 * i + j + 1, 270, lanes=1, shape="line")
+    return b
+
+
+def test_lane_links_made_only_between_linked_roads_give_the_same_town(monkeypatch):
+    """scenariogeneration's adjust_roads_and_lanes() tests every pair of roads for a lane link
+    (hours for a town of thousands of roads); the builder tests only roads that link to each
+    other, and must give the same text."""
+    from drivemind.maps import towns
+
+    fast = [_grid_builder(3).to_xodr()] + [builtin_town_xodr.__wrapped__(n) for n in TOWNS]
+    monkeypatch.setattr(towns, "_adjust_roads_and_lanes", lambda odr: odr.adjust_roads_and_lanes())
+    slow = [_grid_builder(3).to_xodr()] + [builtin_town_xodr.__wrapped__(n) for n in TOWNS]
+    assert slow == fast
+
+
+def test_a_town_of_more_than_a_thousand_roads_numbers_its_connecting_roads_above_them():
+    """The connecting roads were numbered from 1000 up: a 1000th road clashed with the first of
+    them (scenariogeneration's IdAlreadyExists) and no town that large could be built."""
+    b = _grid_builder(2)
+    for spec in b.roads:
+        spec.id += 999  # as if 999 roads came before
+    root = ET.fromstring(b.to_xodr())
+    ids = [int(r.get("id")) for r in root.findall("road")]
+    assert len(ids) == len(set(ids)) and min(ids) == 1000
+    assert all(r.get("junction") != "-1" for r in root.findall("road") if int(r.get("id")) >= 10000)

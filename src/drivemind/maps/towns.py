@@ -189,6 +189,28 @@ class _RoadSpec:
         self.road = None  # scenariogeneration Road
 
 
+def _adjust_roads_and_lanes(odr) -> None:
+    """``odr.adjust_roads_and_lanes()`` without its lane-link test of every pair of roads (which
+    grows with the square of the roads: hours for a town of thousands): lane links are made for
+    the pairs of roads that link to each other, which are all the pairs that test links, in the
+    same order."""
+    from scenariogeneration.xodr.enumerations import ElementType  # noqa: PLC0415
+    from scenariogeneration.xodr.links import create_lane_links  # noqa: PLC0415
+
+    odr.adjust_startpoints()
+    keys = list(odr.roads)
+    pos = {k: i for i, k in enumerate(keys)}
+    pairs = set()
+    for k, road in odr.roads.items():
+        for link in (road.predecessor, road.successor):
+            if link is not None and link.element_type == ElementType.road:
+                other = str(link.element_id)
+                if other in pos and other != k:
+                    pairs.add(tuple(sorted((pos[k], pos[other]))))
+    for i, j in sorted(pairs):
+        create_lane_links(odr.roads[keys[i]], odr.roads[keys[j]])
+
+
 class _TownBuilder:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -327,10 +349,13 @@ class _TownBuilder:
 
         signal_id = 1
         controllers = []  # (controller id, junction id, [signal ids])
+        first = 1000  # the connecting roads' ids start above every road's (a town of 1000+ roads)
+        while any(spec.id >= first for spec in self.roads):
+            first *= 10
         for k, nid in enumerate(sorted(self.nodes)):
             node = self.nodes[nid]
             jid = 100 + k
-            jc = xodr.CommonJunctionCreator(jid, f"junction_{nid}", startnum=1000 + 100 * k)
+            jc = xodr.CommonJunctionCreator(jid, f"junction_{nid}", startnum=first + 100 * k)
             arms = []
             for spec, contact in node.arms:
                 if contact == "end":
@@ -387,7 +412,7 @@ class _TownBuilder:
                     signal_id += 1
                 controllers.append((len(controllers) + 1, jid, ids))
 
-        odr.adjust_roads_and_lanes()
+        _adjust_roads_and_lanes(odr)
         root = odr.get_element()
         return self._finish(root, controllers)
 
