@@ -146,25 +146,18 @@ def lane_poses(rm: RoadMap, lane: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def boxes_touch(pa: np.ndarray, ya: np.ndarray, pb: np.ndarray, yb: np.ndarray,
                 half: tuple[float, float]) -> np.ndarray:
     """(len(pa),) bool: a box of half length and half width ``half`` at pose i of (pa, ya)
-    overlaps the box at some pose of (pb, yb) (separating axis test)."""
+    overlaps the box at some pose of (pb, yb) (separating axis test; compiled:
+    :func:`kernels.boxes_touch`, the headings' cosines and sines taken here)."""
+    from . import kernels as K  # noqa: PLC0415 - numba only when tables are built
+
     out = np.zeros(len(pa), np.bool_)
     if not len(pa) or not len(pb):
         return out
     hl, hw = half
     reach = 2.0 * math.hypot(hl, hw)
-    d = pb[None, :, :] - pa[:, None, :]
-    ia, ib = np.nonzero((d ** 2).sum(-1) < reach * reach)
-    if not len(ia):
-        return out
-    d = d[ia, ib]
-    ca, sa, cb, sb = np.cos(ya[ia]), np.sin(ya[ia]), np.cos(yb[ib]), np.sin(yb[ib])
-    apart = np.zeros(len(ia), np.bool_)
-    for nx, ny in ((ca, sa), (-sa, ca), (cb, sb), (-sb, cb)):
-        gap = np.abs(d[:, 0] * nx + d[:, 1] * ny)
-        ra = hl * np.abs(nx * ca + ny * sa) + hw * np.abs(ny * ca - nx * sa)
-        rb = hl * np.abs(nx * cb + ny * sb) + hw * np.abs(ny * cb - nx * sb)
-        apart |= gap > ra + rb
-    out[ia[~apart]] = True
+    K.boxes_touch(np.ascontiguousarray(pa, np.float64), np.cos(ya), np.sin(ya),
+                  np.ascontiguousarray(pb, np.float64), np.cos(yb), np.sin(yb),
+                  float(hl), float(hw), reach * reach, out)
     return out
 
 
