@@ -1746,6 +1746,7 @@ def bench_load(args) -> dict:
     import resource
     import tempfile
 
+    from drivemind.bev import BEV_PRESETS, BevRenderer
     from drivemind.maps import load_town
     from drivemind.sim import density_config
     from drivemind.sim.config import TrafficParams
@@ -1769,22 +1770,30 @@ def bench_load(args) -> dict:
     t2 = time.perf_counter()
     world = LiteWorld(rm, density_config(args.density))
     t3 = time.perf_counter()
-    world.reset(seed=args.seed, ego_pose=0)
+    snap = world.reset(seed=args.seed, ego_pose=0)
     t4 = time.perf_counter()
     for _ in range(20):  # compiled kernels load from the cache
         world.step((0.0, -1.0))
     t5 = time.perf_counter()
     for _ in range(args.steps):
-        world.step((0.0, -1.0))
+        snap = world.step((0.0, -1.0))
     t6 = time.perf_counter()
+    # the BEV (the env's observation): its town raster and the first view (masks and colour)
+    bev = BevRenderer(rm, BEV_PRESETS[args.bev])
+    bev.step(snap)
+    bev.rgb()
+    t7 = time.perf_counter()
     return {"what": "load", "town": rm.name, "grid": args.grid, "density": args.density,
             "lanes": int(rm.n_lanes), "junction_lanes": int((rm.junction >= 0).sum()),
             "junctions": int(len(np.unique(rm.junction[rm.junction >= 0]))),
             "generate_s": None if gen_s is None else round(gen_s, 2),
             "load_s": round(t1 - t0, 2), "tables_s": round(t2 - t1, 2),
             "world_s": round(t3 - t2, 2), "reset_s": round(t4 - t3, 2),
-            "tables_mb": round(sum(getattr(v, "nbytes", 0) for v in tab.values()) / 2**20, 1),
+            "tables_mb": round(sum(getattr(v, "nbytes", 0) for v in tab.values()) / 2**20, 2),
             "step_ms": round(1000 * (t6 - t5) / max(args.steps, 1), 3),
+            "bev": args.bev, "bev_first_view_s": round(t7 - t6, 2),
+            "bev_raster_mb": round(bev.raster.nbytes / 2**20, 1),
+            "bev_raster_whole": bool(getattr(bev.raster, "whole", True)),
             "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "one_core": pinned, **machine()}
 
@@ -1831,6 +1840,7 @@ def main(argv=None):
     p.add_argument("--density", default="dense")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=200, help="world steps timed after set-up")
+    p.add_argument("--bev", default="roach", help="BEV preset whose raster and first view are timed")
     p.add_argument("--cores", type=int, default=1, help="1 pins the process to one core")
     p = sub.add_parser("autopilot", help="autopilot route completion on the fixed evaluation routes")
     p.add_argument("--town", default="Town02")

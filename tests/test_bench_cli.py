@@ -15,6 +15,9 @@ def test_bench_load_builds_a_grid_town_of_the_size_asked():
     assert out["junctions"] == 9
     assert out["lanes"] == out["junction_lanes"] + 2 * 12  # 12 streets, a lane each way
     assert out["tables_s"] >= 0.0 and out["step_ms"] > 0.0 and out["max_rss_mb"] > 0
+    # the traffic tables and the BEV raster, in MB (stop 52: junction by junction, in tiles)
+    assert 0.0 < out["tables_mb"] < 1.0 and out["bev_raster_whole"] is True
+    assert 0.0 < out["bev_raster_mb"] and out["bev_first_view_s"] >= 0.0
 
 
 def test_bench_help_lists_every_subcommand(capsys):

@@ -22,13 +22,29 @@ def _to_px(x, y, ex, ey, cy, sy, ppm, half, row0):
     return row0 - fwd * ppm, half + right * ppm  # row, col
 
 
+@nb.njit(cache=True, inline="always")
+def _put_static(out, r, c, b, road_plane, lane_plane):
+    if road_plane >= 0 and (b & 1):
+        out[road_plane, r, c] = 255
+    if lane_plane >= 0:
+        if b & 2:
+            out[lane_plane, r, c] = 255
+        elif b & 4:
+            out[lane_plane, r, c] = 120
+
+
 @nb.njit(cache=True)
-def gather_static(raster, ox, oy, rppm, ex, ey, eyaw, size, ppm, bottom, out, road_plane, lane_plane):
-    """Sample the town raster (bit 1 road, bit 2 solid marking, bit 4 broken marking) into the
-    view: ``out[road_plane]`` gets 255 on road, ``out[lane_plane]`` 255 solid / 120 broken."""
+def gather_static(tiles, tile_of, shift, nv, nu, ox, oy, rppm, ex, ey, eyaw, size, ppm, bottom, out,
+                  road_plane, lane_plane):
+    """Sample the town raster (bit 1 road, bit 2 solid marking, bit 4 broken marking; in tiles of
+    2**shift px, raster.TownRaster: ``tile_of[tv, tu]`` the tile's index in ``tiles``, negative
+    for none; (nv, nu) pixels in all; a raster drawn whole is the one tile 0) into the view:
+    ``out[road_plane]`` gets 255 on road, ``out[lane_plane]`` 255 solid / 120 broken."""
     cy = math.cos(eyaw)
     sy = math.sin(eyaw)
-    nv, nu = raster.shape
+    mask = (1 << shift) - 1
+    whole = tile_of.shape[0] == 1 and tile_of.shape[1] == 1 and tile_of[0, 0] == 0
+    raster = tiles[0]
     half = size / 2.0
     row0 = size - bottom
     for r in range(size):
@@ -41,22 +57,30 @@ def gather_static(raster, ox, oy, rppm, ex, ey, eyaw, size, ppm, bottom, out, ro
         v = (y - oy) * rppm
         du = -sy / ppm * rppm
         dv = cy / ppm * rppm
-        for c in range(size):
-            if u >= 0.0 and v >= 0.0:
-                iu = int(u)
-                iv = int(v)
-                if iu < nu and iv < nv:
-                    b = raster[iv, iu]
-                    if b:
-                        if road_plane >= 0 and (b & 1):
-                            out[road_plane, r, c] = 255
-                        if lane_plane >= 0:
-                            if b & 2:
-                                out[lane_plane, r, c] = 255
-                            elif b & 4:
-                                out[lane_plane, r, c] = 120
-            u += du
-            v += dv
+        if whole:
+            for c in range(size):
+                if u >= 0.0 and v >= 0.0:
+                    iu = int(u)
+                    iv = int(v)
+                    if iu < nu and iv < nv:
+                        b = raster[iv, iu]
+                        if b:
+                            _put_static(out, r, c, b, road_plane, lane_plane)
+                u += du
+                v += dv
+        else:
+            for c in range(size):
+                if u >= 0.0 and v >= 0.0:
+                    iu = int(u)
+                    iv = int(v)
+                    if iu < nu and iv < nv:
+                        t = tile_of[iv >> shift, iu >> shift]
+                        if t >= 0:
+                            b = tiles[t, iv & mask, iu & mask]
+                            if b:
+                                _put_static(out, r, c, b, road_plane, lane_plane)
+                u += du
+                v += dv
 
 
 @nb.njit(cache=True)

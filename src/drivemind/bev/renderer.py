@@ -12,6 +12,7 @@ The renderer keeps the history of actors and light states that the history chann
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import replace
 
@@ -177,8 +178,12 @@ class BevRenderer:
         ppm = float(cfg.pixels_per_meter)
         if "road" in ch or "lane" in ch:
             r = self.raster
-            K.gather_static(r.bits, r.origin[0], r.origin[1], r.ppm, *geo, out,
-                            ch.get("road", -1), ch.get("lane", -1))
+            # the world box the view covers (the ego's reference point is off its centre)
+            reach = math.hypot(cfg.size / 2.0, max(cfg.size - cfg.ego_from_bottom,
+                                                   cfg.ego_from_bottom)) / ppm + 1.0
+            r.ensure(e.x - reach, e.y - reach, e.x + reach, e.y + reach)
+            K.gather_static(r.tiles, r.tile_of, r.shift, *r.shape, r.origin[0], r.origin[1],
+                            r.ppm, *geo, out, ch.get("road", -1), ch.get("lane", -1))
         if "route" in ch and route_ahead is not None and len(route_ahead):
             K.draw_polyline(out[ch["route"]], 255, np.ascontiguousarray(route_ahead, float),
                             cfg.route_width * ppm, *geo)
