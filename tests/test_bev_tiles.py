@@ -12,7 +12,6 @@ from drivemind.bev import BEV_PRESETS, BevRenderer
 from drivemind.bev import raster as R
 from drivemind.bev import renderer as RR
 from drivemind.maps import load_town
-from drivemind.sim.snapshot import EgoState, LightState, TrafficLights  # noqa: F401
 from test_bev import ego_state, snapshot
 
 

@@ -422,3 +422,61 @@ def test_a_lane_walked_by_next_matches_the_native_walk():
         assert np.abs(a - b).max() < 1e-6, k
     rm = load_xodr_text(_ring_xodr(), "ring")
     assert len(rm.length) == 2 and (rm.length > 600).all()
+
+
+# ------------------------------------------------- junctions numbered as roads (carla mislinks)
+
+def _two_roads_and_a_junction(jid: str) -> str:
+    """Road 1 (0-50 m) -> junction ``jid`` (connecting road 3, 10 m) -> road 2 (60-110 m)."""
+    lane = ('<lane id="-1" type="driving" level="false"><link>{}</link>'
+            '<width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane>')
+
+    def road(rid, x, length, link, lane_link, junction="-1"):
+        return (f'<road name="r{rid}" length="{length}" id="{rid}" junction="{junction}">'
+                f'<link>{link}</link><planView><geometry s="0" x="{x}" y="0" hdg="0" '
+                f'length="{length}"><line/></geometry></planView><lanes><laneSection s="0">'
+                f'<center><lane id="0" type="none" level="false"/></center><right>'
+                f'{lane.format(lane_link)}</right></laneSection></lanes></road>')
+
+    return (HEAD
+            + road(1, 0, 50, f'<successor elementType="junction" elementId="{jid}"/>', "")
+            + road(2, 60, 50, f'<predecessor elementType="junction" elementId="{jid}"/>', "")
+            + road(3, 50, 10, '<predecessor elementType="road" elementId="1" contactPoint="end"/>'
+                   '<successor elementType="road" elementId="2" contactPoint="start"/>',
+                   '<predecessor id="-1"/><successor id="-1"/>', junction=jid)
+            + f'<junction id="{jid}" name="j"><connection id="0" incomingRoad="1" '
+              f'connectingRoad="3" contactPoint="start"><laneLink from="-1" to="-1"/>'
+              f'</connection></junction></OpenDRIVE>')
+
+
+def _way_on(rm, road):
+    lane = next(i for i, k in enumerate(rm.keys) if k[0] == road)
+    return [rm.keys[int(j)][0] for j in rm.successors(lane)]
+
+
+def test_a_junction_numbered_as_a_road_is_renumbered_and_its_roads_keep_their_links():
+    from drivemind.maps.opendrive import (carla_lane_records, junction_ids_apart,
+                                          parse_carla_map)
+
+    good = load_xodr_text(_two_roads_and_a_junction("9"), "apart", native_check=False)
+    assert _way_on(good, 1) == [3] and _way_on(good, 3) == [2]
+    clash = _two_roads_and_a_junction("1")  # junction 1 and road 1: valid OpenDRIVE
+    # the native parser, on the text as written, mislinks the road leading into the junction:
+    # why the rewrite exists
+    raw, _, _ = carla_lane_records(parse_carla_map(clash, "clash", "clash.xodr"), name="clash")
+    into = {r.key[0]: {s[0] for s in r.successors} for r in raw}
+    assert into.get(1) != {3}, "carla linked road 1 into junction 1 correctly"
+    text, renumbered = junction_ids_apart(clash)
+    assert renumbered == ["junction 1 -> 4"]
+    assert '<junction id="4"' in text and 'junction="4"' in text and 'elementId="4"' in text
+    assert 'elementId="1" contactPoint="end"' in text  # the link to road 1 is a road link
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rm = load_xodr_text(clash, "clash", source="clash.xodr", native_check=False)
+    assert _way_on(rm, 1) == [3] and _way_on(rm, 3) == [2]
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
+    assert [m for m in msgs if "renumbered" in m] == [
+        "clash (clash.xodr): 1 junctions sharing an id with a road, renumbered (the CARLA parser "
+        "mislinks the roads leading into such a junction): junction 1 -> 4"]
+    assert junction_ids_apart(_two_roads_and_a_junction("9")) == (
+        _two_roads_and_a_junction("9"), [])

@@ -356,13 +356,16 @@ def test_lane_links_made_only_between_linked_roads_give_the_same_town(monkeypatc
     assert slow == fast
 
 
-def test_a_town_of_more_than_a_thousand_roads_numbers_its_connecting_roads_above_them():
-    """The connecting roads were numbered from 1000 up: a 1000th road clashed with the first of
-    them (scenariogeneration's IdAlreadyExists) and no town that large could be built."""
+def test_a_town_of_more_than_a_thousand_roads_numbers_junctions_and_their_roads_above_them():
+    """The connecting roads were numbered from 1000 up and the junctions from 100: a 1000th road
+    clashed with the first connecting road (scenariogeneration's IdAlreadyExists), and a 100th
+    road shared its id with a junction (which carla's parser mislinks)."""
     b = _grid_builder(2)
     for spec in b.roads:
         spec.id += 999  # as if 999 roads came before
     root = ET.fromstring(b.to_xodr())
     ids = [int(r.get("id")) for r in root.findall("road")]
-    assert len(ids) == len(set(ids)) and min(ids) == 1000
+    jids = {int(j.get("id")) for j in root.findall("junction")}
+    assert len(ids) == len(set(ids)) and min(ids) == 1000 and len(jids) == 4
+    assert min(jids) > max(i for i in ids if i < 10000) and not jids & set(ids)
     assert all(r.get("junction") != "-1" for r in root.findall("road") if int(r.get("id")) >= 10000)

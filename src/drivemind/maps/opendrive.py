@@ -11,11 +11,13 @@ naming the file. The verdict is cached per content hash, so a file costs the chi
 After loading, :mod:`drivemind.maps.validate` warns about dangling links, zero-length lanes and
 junctions without connecting lanes, naming road and lane ids.
 
-One defect of the native parser is worked around in the text before it parses: a ``<spiral>`` whose
+Two defects of the native parser are worked around in the text before it parses. A ``<spiral>`` whose
 curvature does not change (``curvStart == curvEnd``, an arc written as a clothoid, as some editors
 export junction turns) is drawn as a straight line by carla 0.9.16, so the lanes after it jump
 back to where the file puts the next piece; :func:`constant_spirals_as_arcs` writes such a piece as
-the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote.
+the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote. The roads leading into a
+junction that shares its id with a road are mislinked; :func:`junction_ids_apart` gives such a
+junction an id of its own, and the loader says which it renumbered.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ _SPIRAL = re.compile(r"<spiral\b([^>]*?)\s*(?:/>|>\s*</spiral\s*>)")
 _ATTR = re.compile(r"""([A-Za-z_][\w.-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _GEOMETRY = re.compile(r"<geometry\b[^>]*>")
 _ROAD = re.compile(r"<road\b[^>]*>")
+_JUNCTION = re.compile(r"<junction\b[^>]*>")
+_ROAD_LINK = re.compile(r"<(?:predecessor|successor)\b[^>]*>")
+_JUNCTION_REF = re.compile(r"<junctionReference\b[^>]*>")
 
 
 def _import_carla():
@@ -112,6 +117,50 @@ def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
     return _SPIRAL.sub(repl, text), rewritten
 
 
+def _set_attr(tag: str, name: str, value: str) -> str:
+    """``tag`` (an element's opening tag) with attribute ``name`` set to ``value``."""
+    return re.sub(rf"""(\b{name}\s*=\s*)(["'])[^"']*\2""", lambda m: f"{m.group(1)}{m.group(2)}"
+                  f"{value}{m.group(2)}", tag, count=1)
+
+
+def junction_ids_apart(text: str) -> tuple[str, list[str]]:
+    """``(text, renumbered)``: ``text`` with every junction whose id is also a road's given an id
+    above every road's and junction's, and one description per renumbered junction ("junction 1
+    -> 7").
+
+    OpenDRIVE numbers roads and junctions apart, and editors reuse the numbers (esmini's example
+    networks: a junction 1 beside a road 1). carla 0.9.16 then mislinks the roads that lead into
+    such a junction, and their lanes lose their way on (esmini's simple_4way_intersection: 4 of
+    its 8 approach lanes a dead end; a generated 20 x 20 grid, junctions 100-499 and roads 1-760:
+    760 links to the lane itself, dropped, and 1,520 dead ends). The junction element, the
+    roads' ``junction`` attribute, the road links to it and junction groups' references are
+    rewritten; a text where no junction shares an id with a road is returned unchanged."""
+    if "<junction" not in text:
+        return text, []
+    roads = {_attrs(m.group(0)).get("id") for m in _ROAD.finditer(text)}
+    jids = [_attrs(m.group(0)).get("id") for m in _JUNCTION.finditer(text)]
+    clash = [j for j in jids if j is not None and j in roads]
+    if not clash:
+        return text, []
+    nums = [int(x) for x in roads | set(jids) if x is not None and x.lstrip("-").isdigit()]
+    top = max(nums, default=0) + 1
+    new = {j: str(top + k) for k, j in enumerate(dict.fromkeys(clash))}
+
+    def swap(attr, when=None):
+        def repl(m: re.Match) -> str:
+            a = _attrs(m.group(0))
+            if (when is None or when(a)) and a.get(attr) in new:
+                return _set_attr(m.group(0), attr, new[a[attr]])
+            return m.group(0)
+        return repl
+
+    text = _JUNCTION.sub(swap("id"), text)
+    text = _ROAD.sub(swap("junction"), text)
+    text = _ROAD_LINK.sub(swap("elementId", lambda a: a.get("elementType") == "junction"), text)
+    text = _JUNCTION_REF.sub(swap("junction"), text)
+    return text, [f"junction {j} -> {k}" for j, k in new.items()]
+
+
 def parse_carla_map(text: str, name: str, source: str):
     """``carla.Map(name, text)`` with the parser's exceptions as a MapError naming ``source``."""
     carla = _import_carla()
@@ -133,6 +182,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     source = source or f"<OpenDRIVE text for {name}>"
     _check_opendrive_text(text, source)
     text, arcs = constant_spirals_as_arcs(text)
+    text, junctions = junction_ids_apart(text)
     if native_check:
         from .native_check import check_text
 
@@ -144,7 +194,8 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
 
     dropped = drop_broken_successors(records)
     if validate:
-        warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs)
+        warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
+                    junctions=junctions)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 

@@ -349,12 +349,17 @@ class _TownBuilder:
 
         signal_id = 1
         controllers = []  # (controller id, junction id, [signal ids])
-        first = 1000  # the connecting roads' ids start above every road's (a town of 1000+ roads)
-        while any(spec.id >= first for spec in self.roads):
+        # junction ids above every road's, and the connecting roads' above both (in a town of
+        # 100+ roads: carla's parser mislinks roads leading into a junction numbered as a road)
+        jbase = 100
+        while any(spec.id >= jbase for spec in self.roads):
+            jbase *= 10
+        first = 1000
+        while first < jbase + len(self.nodes) or any(spec.id >= first for spec in self.roads):
             first *= 10
         for k, nid in enumerate(sorted(self.nodes)):
             node = self.nodes[nid]
-            jid = 100 + k
+            jid = jbase + k
             jc = xodr.CommonJunctionCreator(jid, f"junction_{nid}", startnum=first + 100 * k)
             arms = []
             for spec, contact in node.arms:
