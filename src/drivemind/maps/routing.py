@@ -245,30 +245,105 @@ def nearest_spawn(rm: RoadMap, x: float, y: float) -> int:
     return int(np.argmin(np.hypot(rm.spawn[:, 0] - x, rm.spawn[:, 1] - y)))
 
 
+def _out_lanes(rm: RoadMap, lane: int) -> list[int]:
+    """:func:`plan_route`'s edges from ``lane``: its successors and :func:`_change_targets`."""
+    return [int(n) for n in rm.successors(lane)] + _change_targets(rm, lane)
+
+
+def _lane_components(rm: RoadMap) -> tuple[np.ndarray, list[list[int]]]:
+    """(comp, after): the strongly connected components of the lane graph on
+    :func:`plan_route`'s edges (``comp[lane]``, ids in reverse topological order), and for each
+    component the components its lanes lead into (itself excluded). Cached on ``rm``."""
+    hit = rm.__dict__.get("_lane_components")
+    if hit is not None:
+        return hit
+    L = rm.n_lanes
+    out = [_out_lanes(rm, a) for a in range(L)]
+    index = np.full(L, -1, np.int64)
+    low = np.zeros(L, np.int64)
+    comp = np.full(L, -1, np.int64)
+    on_stack = np.zeros(L, np.bool_)
+    stack: list[int] = []
+    n_comp, counter = 0, 0
+    for root in range(L):  # Tarjan's algorithm, iterative (a town has tens of thousands of lanes)
+        if index[root] >= 0:
+            continue
+        work = [(root, 0)]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        while work:
+            v, i = work[-1]
+            if i < len(out[v]):
+                work[-1] = (v, i + 1)
+                w = out[v][i]
+                if index[w] < 0:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    comp[w] = n_comp
+                    if w == v:
+                        break
+                n_comp += 1
+    after: list[set] = [set() for _ in range(n_comp)]
+    for a in range(L):
+        for b in out[a]:
+            if comp[b] != comp[a]:
+                after[comp[a]].add(int(comp[b]))
+    hit = rm.__dict__["_lane_components"] = (comp, [sorted(x) for x in after])
+    return hit
+
+
+def _reach_mask(rm: RoadMap, lane: int) -> np.ndarray:
+    """(components,) bool: the components of :func:`_lane_components` whose lanes a route can
+    reach from anywhere on ``lane`` after driving off it (each lane it leads into, and all the
+    lanes those reach). Cached on ``rm`` per set of components ``lane`` leads into: a town whose
+    lanes all reach each other needs one entry (a cache per lane held a set of every lane for each,
+    gigabytes in a town of 20,000 lanes)."""
+    comp, after = _lane_components(rm)
+    starts = tuple(sorted({int(comp[n]) for n in _out_lanes(rm, lane)}))
+    cache = rm.__dict__.setdefault("_reach_masks", {})
+    hit = cache.get(starts)
+    if hit is None:
+        hit = np.zeros(len(after), np.bool_)
+        todo = list(starts)
+        hit[todo] = True
+        while todo:
+            for d in after[todo.pop()]:
+                if not hit[d]:
+                    hit[d] = True
+                    todo.append(d)
+        cache[starts] = hit
+    return hit
+
+
 def reachable_lanes(rm: RoadMap, lane: int) -> frozenset:
     """Lanes a route can reach from anywhere on ``lane`` (after driving off it), on
-    :func:`plan_route`'s edges: successors and :func:`_change_targets`. Cached on ``rm`` per lane."""
-    cache = rm.__dict__.setdefault("_reachable", {})
-    hit = cache.get(lane)
-    if hit is None:
-        seen, todo = set(), [int(lane)]
-        while todo:
-            cur = todo.pop()
-            for n in [int(n) for n in rm.successors(cur)] + _change_targets(rm, cur):
-                if n not in seen:
-                    seen.add(n)
-                    todo.append(n)
-        hit = cache[lane] = frozenset(seen)
-    return hit
+    :func:`plan_route`'s edges: successors and :func:`_change_targets`."""
+    comp, _ = _lane_components(rm)
+    return frozenset(np.flatnonzero(_reach_mask(rm, lane)[comp]).tolist())
 
 
 def _reachable_spawns(rm: RoadMap, a: int) -> np.ndarray:
     """Spawn points a route from spawn point ``a`` can reach (ahead on its lane, or on a lane
     reachable from it), ``a`` excluded."""
     la, sa = int(rm.spawn_lane[a]), float(rm.spawn_s[a])
-    lanes = reachable_lanes(rm, la)
-    ok = np.isin(rm.spawn_lane, np.fromiter(lanes, np.int64, len(lanes))) | (
-        (rm.spawn_lane == la) & (rm.spawn_s >= sa))
+    comp, _ = _lane_components(rm)
+    ok = _reach_mask(rm, la)[comp[rm.spawn_lane]] | ((rm.spawn_lane == la) & (rm.spawn_s >= sa))
     ok[a] = False
     return np.flatnonzero(ok)
 
