@@ -91,6 +91,29 @@ def test_route_cap_rejects_and_resamples():
         random_route(rm, rng, max_length=1.0, min_length=0.5, max_tries=20)
 
 
+def test_pairs_further_apart_than_the_cap_are_not_searched(monkeypatch):
+    """A route is never shorter than the straight line between its ends: a pair of spawn points
+    further apart than max_length is drawn again without an A* search (in a town 10 km across
+    most pairs are); the search would have rejected them, so the same routes are drawn."""
+    from drivemind.maps import routing
+
+    rm = town("grid")
+    searched = []
+    plan = routing.plan_route
+
+    def counting(rm_, start, goal, **kw):
+        searched.append(rm_.pose_at(int(start[0]), float(start[1]))[:2]
+                        + rm_.pose_at(int(goal[0]), float(goal[1]))[:2])
+        return plan(rm_, start, goal, **kw)
+
+    monkeypatch.setattr(routing, "plan_route", counting)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        assert random_route(rm, rng, max_length=150.0).length <= 150.0
+    assert searched
+    assert all(math.hypot(x0 - x1, y0 - y1) <= 150.0 + 1.0 for x0, y0, x1, y1 in searched)
+
+
 def ring(cx, cy, r=30.0, lane_id=-1, road=1):
     t = np.linspace(0, 2 * np.pi, 200)
     pts = np.stack([cx + r * np.cos(t), cy + r * np.sin(t)], 1)

@@ -180,6 +180,37 @@ def test_parallel_reach_counts_a_car_in_the_next_3m_lane_by_its_half_width():
     assert lead(turned)[1] == 0 and lead(turned, parallel_reach=True)[1] == 0
 
 
+def test_boxes_count_a_car_whose_corner_reaches_a_lane_change_of_the_route():
+    """A car standing in the lane the route leaves, just past the change's diagonal: its centre
+    is nearest to the route on the lane beyond (beside it, heading along: half its width), but its
+    rear corner lies within the ego's half width and the margin of the diagonal. The disc round its
+    centre misses it; ``boxes`` (the autopilot's) counts it, and measures those the disc finds as
+    before (esmini's multi_lane_3way_intersection: the ego changing lanes before a junction met the
+    corner of the car queued there)."""
+    rm = load_town("avenue")
+    lane = next(a for a in range(rm.n_lanes) if rm.junction[a] < 0 and rm.left[a] >= 0
+                and rm.left_same_dir[a] and rm.length[a] > 80.0)
+    route = plan_route(rm, (lane, 5.0), (int(rm.left[lane]), 75.0))
+    start = route.segments[0][2]  # where the route leaves the lane
+    tr = RouteTracker(route)
+    x0, y0, yaw = rm.pose_at(lane, 10.0)
+    tr.update(x0, y0, yaw)
+
+    def lead(off, **kw):
+        ax, ay, ayaw = rm.pose_at(lane, start + off)
+        act = Actors(np.arange(1), np.full(1, int(ActorClass.CAR), np.int8), np.array([[ax, ay]]),
+                     np.array([ayaw]), np.array([[2.45, 1.0]]), np.zeros((1, 2)))
+        return corridor_lead(route, tr.idx, tr.s, x0, y0, act, 2.4, 1.05, measure="entry",
+                             parallel_reach=True, **kw)
+
+    assert lead(10.0) == (math.inf, -1)
+    gap, who = lead(10.0, boxes=True)
+    assert who == 0 and gap < start + 10.0 - tr.s
+    assert lead(30.0, boxes=True) == (math.inf, -1)  # well past the diagonal: beside the route
+    for off in (0.0, 4.0, 8.0):  # on the diagonal: found by the disc, measured as before
+        assert lead(off, boxes=True) == lead(off) and lead(off)[1] == 0
+
+
 def test_autopilot_uses_the_shared_tracking():
     """The autopilot's stops are route_stops of the snapshot's lights, so it also stops at lights
     on a backend without a lane -> light table (lane_light None), and its position is the

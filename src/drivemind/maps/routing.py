@@ -374,6 +374,8 @@ def random_route(rm: RoadMap, rng: np.random.Generator, *, max_length: float = 3
                                       f"{int(rm.spawn_lane[a])}, s={float(rm.spawn_s[a]):.1f})")
                 continue
             b = int(reach[rng.integers(len(reach))])
+        if math.hypot(*(rm.spawn[a, :2] - rm.spawn[b, :2])) > max_length:
+            continue  # no route is shorter than the straight line (a large town: no search)
         try:
             r = plan_route(rm, (rm.spawn_lane[a], rm.spawn_s[a]), (rm.spawn_lane[b], rm.spawn_s[b]))
         except RouteError as exc:

@@ -264,7 +264,7 @@ class Autopilot:
         gap, who = corridor_lead(route, self.idx, here, e.x, e.y, actors, p.length / 2,
                                  p.width / 2, horizon=40.0, search=45.0, measure="entry",
                                  ignore=ignore, parallel_reach=True,
-                                 in_junction=self.in_junction)
+                                 in_junction=self.in_junction, boxes=True)
         if who >= len(snap.actors):
             who = int(moving[who - len(snap.actors)])  # where a walker will be: that walker
         if self.pass_standing and self._pass is None:

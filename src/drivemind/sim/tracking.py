@@ -79,7 +79,7 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
                   ego_half_length: float, ego_half_width: float, horizon: float = 50.0,
                   margin: float = 0.5, *, search: float | None = None, measure: str = "centre",
                   ignore: int = -1, parallel_reach: bool = False,
-                  in_junction: np.ndarray | None = None):
+                  in_junction: np.ndarray | None = None, boxes: bool = False):
     """Nearest actor in the ego's corridor along the route ahead: ``(gap m, index)``, or
     ``(inf, -1)``. Actors beside the ego (not ahead of its front) are ignored.
 
@@ -101,6 +101,14 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
     width only: a car standing in the next lane is not in our way, also where lanes are 3 m wide
     (with the allowance it was: 1 m + 0.5 m + 1 m + 0.6 m > 3 m); once it turns in it is
     counted with the allowance again.
+
+    ``boxes`` (the autopilot's): an actor also counts where its box (not only the disc of its
+    lateral reach round its centre) comes within ``ego_half_width + margin`` (plus the turning-in
+    allowance) of a route point, measured from there as "entry" does. A car standing in the lane
+    the route leaves, at an angle to the route's diagonal, reaches towards it with a rear corner 2 m
+    from its centre; at the nearest point to its centre, on the lane beyond, it was "beside"
+    (esmini's multi_lane_3way_intersection: the ego changing lanes 15 m before a junction met the
+    corner of the car queued there).
 
     ``in_junction`` (per route point, whether it lies in a junction) applies the world's
     grade-separation rule: a vehicle crossing the route at more than about 45 degrees
@@ -135,6 +143,15 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
         allowance[np.abs(np.cos(dyaw)) >= math.cos(math.radians(PARALLEL_DEG))] = 0.0
     reach = np.minimum(ext[near, 0], ext[near, 1] + allowance)  # lateral reach of the other box
     hit = d < (reach + ego_half_width + margin)[:, None]
+    box_only = np.zeros(len(near), np.bool_)
+    if boxes:  # each route point's distance to each actor's box
+        c, s_ = np.cos(actors.yaw[near])[:, None], np.sin(actors.yaw[near])[:, None]
+        dx, dy = pts[None, :, 0] - pos[near, None, 0], pts[None, :, 1] - pos[near, None, 1]
+        ox = np.maximum(np.abs(dx * c + dy * s_) - ext[near, 0, None], 0.0)
+        oy = np.maximum(np.abs(-dx * s_ + dy * c) - ext[near, 1, None], 0.0)
+        box_hit = np.hypot(ox, oy) < (ego_half_width + margin + allowance)[:, None]
+        box_only = box_hit.any(axis=1) & ~hit.any(axis=1)
+        hit[box_only] = box_hit[box_only]  # those the disc finds are measured as before
     # the ego behind the route's first point (a route that starts ahead of it: one chained from
     # a goal it has not quite reached, or from the spawn point nearest that goal) is measured from
     # where it is, so an actor just past that point is ahead of it, not beside it
@@ -155,7 +172,7 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
             lo, hi = np.searchsorted(route.cum, (c - ext[k, 0] - 3.0, c + ext[k, 0] + 3.0))
             if not in_junction[lo:hi + 1].any():
                 continue  # crossing on another level
-        if measure == "entry":
+        if measure == "entry" or box_only[a]:
             along = float(route.cum[idx + int(np.argmax(hit[a]))]) - here + behind
             half = float(ext[k, 0])
         else:
