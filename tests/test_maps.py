@@ -480,3 +480,37 @@ def test_a_junction_numbered_as_a_road_is_renumbered_and_its_roads_keep_their_li
         "mislinks the roads leading into such a junction): junction 1 -> 4"]
     assert junction_ids_apart(_two_roads_and_a_junction("9")) == (
         _two_roads_and_a_junction("9"), [])
+
+
+# ------------------------------------------------------------------- lane records cached on disk
+
+def test_a_large_towns_lane_records_are_cached_on_disk(tmp_path, monkeypatch):
+    """The native parse and lane walk of a large town take a minute (24,000 lanes); the records
+    are cached per text, sampling, carla version and loader source, and the map loads from them
+    the same. A damaged cache file is parsed again; DRIVEMIND_MAP_CACHE=0 turns the cache off."""
+    from drivemind.maps import opendrive
+
+    monkeypatch.setenv("DRIVEMIND_CACHE", str(tmp_path))
+    monkeypatch.setattr(opendrive, "RECORDS_CACHE_MIN", 100)  # this small text counts as large
+    text = _two_roads_and_a_junction("9")
+    first = load_xodr_text(text, "cached", native_check=False)
+    files = list((tmp_path / "map-records").glob("*.pkl"))
+    assert len(files) == 1
+
+    def no_parse(*a, **k):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(opendrive, "parse_carla_map", no_parse)
+    again = load_xodr_text(text, "cached", native_check=False)
+    assert again.keys == first.keys
+    for field in ("pts", "width", "succ", "junction", "spawn"):
+        assert np.array_equal(getattr(again, field), getattr(first, field)), field
+    with pytest.raises(AssertionError, match="parsed again"):  # another sampling: another key
+        load_xodr_text(text, "cached", native_check=False, sample=0.25)
+    monkeypatch.setenv("DRIVEMIND_MAP_CACHE", "0")
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_xodr_text(text, "cached", native_check=False)
+    monkeypatch.delenv("DRIVEMIND_MAP_CACHE")
+    files[0].write_bytes(b"not a pickle")
+    with pytest.raises(AssertionError, match="parsed again"):
+        load_xodr_text(text, "cached", native_check=False)

@@ -512,3 +512,49 @@ def test_a_standing_car_between_two_lanes_does_not_slide_over_onto_the_ego_besid
     for _ in range(150):
         world.step((0.0, -1.0))
     assert world.v_lat[0] == 0.0 and world.v_lcfrom[0] == -1
+
+
+@pytest.mark.parametrize("follower", ["entering", "lane"])
+def test_no_lane_change_just_in_front_of_a_car_entering_that_lane(follower):
+    """Two lanes each way over two lane sections (the lanes of the second start at x = 100). A
+    car 6 m into the second section's right lane wants to pass a car standing ahead of it; a car
+    at 8 m/s on the first section's left lane is 5 m before the left lane of the second section
+    starts. By lane index the left lane is empty behind the place beside us. With
+    ``traffic.lane_change_follower: entering`` (the default) the entering car counts as the new
+    follower, and the car waits until it has passed; with ``lane`` (the rule before, the study's)
+    it moved over just in front of it (esmini's highway_intersection_test0: one NPC contact, the
+    car behind standing while the one in front slid over onto it)."""
+    from drivemind.sim import kernels as K
+    from drivemind.sim.snapshot import ActorClass
+
+    p1, p2 = _lane((1, 0, -1), 0, 100, succ=[(2, 0, -1)]), _lane((1, 0, -2), 0, 100, y=3.5,
+                                                                   succ=[(2, 0, -2)])
+    a1, a2 = _lane((2, 0, -1), 100, 400), _lane((2, 0, -2), 100, 400, y=3.5)
+    p1.right, p2.left, a1.right, a2.left = p2.key, p1.key, a2.key, a1.key
+    rm = build_roadmap("two_sections", [p1, p2, a1, a2])
+    ix = rm.key_index
+    world = LiteWorld(rm, SimConfig(vehicles=3, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, wait_cycle_after=None,
+        lane_change_follower=follower)))
+    world.reset(seed=0, ego_pose=(200.0, 80.0, 0.0))
+    for i, (lane, s, v, vfac, path) in enumerate([
+            ((2, 0, -2), 6.0, 2.0, 1.0, [(2, 0, -2)]),  # wants to pass
+            ((1, 0, -1), 95.0, 8.0, 1.0, [(1, 0, -1), (2, 0, -1)]),  # entering the left lane
+            ((2, 0, -2), 22.0, 0.0, 0.0, [(2, 0, -2)])]):  # standing
+        world.v_cls[i] = int(ActorClass.CAR)
+        world.v_hl[i], world.v_hw[i] = 2.3, 0.95
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = ix[lane], s, v, vfac
+        world.v_path[i] = -1
+        world.v_path[i, :len(path)] = [ix[k] for k in path]
+        world.v_lctimer[i] = 10.0
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    moved_before_it_passed = moved = False
+    for _ in range(100):
+        world.step((0.0, -1.0))
+        if not moved and world.v_lane[0] == ix[(2, 0, -1)]:
+            moved = True
+            moved_before_it_passed = bool(world.v_xy[1, 0] < world.v_xy[0, 0])
+    assert moved
+    assert moved_before_it_passed == (follower == "lane")
+    if follower == "entering":
+        assert world.npc_collision_total == 0

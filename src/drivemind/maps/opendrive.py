@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import hashlib
 import lzma
 import math
 import os
+import pickle
 import re
 import xml.etree.ElementTree as ET
 
@@ -170,6 +172,55 @@ def parse_carla_map(text: str, name: str, source: str):
         raise MapError(f"{source}: the CARLA OpenDRIVE parser rejected the file: {exc}") from exc
 
 
+RECORDS_CACHE = "DRIVEMIND_MAP_CACHE"  # 0: read every map through the native parser
+RECORDS_CACHE_MIN = 1 << 20  # characters: a smaller text parses in about a second, not cached
+_code_hash: str | None = None
+
+
+def _records_key(text: str, sample: float) -> str:
+    """The lane records' cache key: the text, the sampling, the ``carla`` client's version and
+    this module's own source (the records change with the code that reads them)."""
+    global _code_hash
+    if _code_hash is None:
+        _code_hash = hashlib.sha256(open(__file__, "rb").read()).hexdigest()[:16]
+    from .native_check import _carla_version
+
+    h = hashlib.sha256(text.encode("utf-8", "surrogatepass"))
+    h.update(f"|sample={sample!r}|carla={_carla_version()}|code={_code_hash}".encode())
+    return h.hexdigest()[:40]
+
+
+def _records_cache_path(text: str, sample: float):
+    if os.environ.get(RECORDS_CACHE, "1") == "0" or len(text) < RECORDS_CACHE_MIN:
+        return None
+    from .. import paths
+
+    return paths.cache_dir() / "map-records" / f"{_records_key(text, sample)}.pkl"
+
+
+def _read_records(path) -> tuple | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception:  # a truncated or foreign file: parsed again (and rewritten)
+        return None
+
+
+def _write_records(path, out: tuple) -> None:
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache: the next load parses again
+        pass
+
+
 def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool = True,
                    validate: bool = True, **build_kw) -> RoadMap:
     """Parse OpenDRIVE text into a RoadMap. Errors name the source and what failed.
@@ -178,18 +229,30 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     so a file that crashes the native parser gives a MapError instead of killing this process.
     ``validate``: warn (:class:`drivemind.maps.validate.MapWarning`) about network defects.
     Successor links that start far from their lane's end are dropped either way
-    (:func:`drivemind.maps.validate.drop_broken_successors`)."""
+    (:func:`drivemind.maps.validate.drop_broken_successors`).
+
+    The lane records a text of RECORDS_CACHE_MIN characters or more gives are cached on disk
+    (``$DRIVEMIND_CACHE/map-records``, keyed by the text, the sampling, the ``carla`` version and
+    this module's source), so a large town (a minute through the native parser for 24,000 lanes)
+    loads in seconds the next time, in every process; ``DRIVEMIND_MAP_CACHE=0`` turns it off."""
     source = source or f"<OpenDRIVE text for {name}>"
     _check_opendrive_text(text, source)
     text, arcs = constant_spirals_as_arcs(text)
     text, junctions = junction_ids_apart(text)
-    if native_check:
-        from .native_check import check_text
-
-        check_text(text, name, source)
-    cmap = parse_carla_map(text, name, source)
     sample = build_kw.pop("sample", 0.5)
-    records, landmarks, short = carla_lane_records(cmap, name=name, source=source, sample=sample)
+    cache = _records_cache_path(text, sample)
+    cached = _read_records(cache)
+    if cached is not None:
+        records, landmarks, short = cached
+    else:
+        if native_check:
+            from .native_check import check_text
+
+            check_text(text, name, source)
+        cmap = parse_carla_map(text, name, source)
+        records, landmarks, short = carla_lane_records(cmap, name=name, source=source,
+                                                       sample=sample)
+        _write_records(cache, (records, landmarks, short))
     from .validate import drop_broken_successors, warn_issues
 
     dropped = drop_broken_successors(records)

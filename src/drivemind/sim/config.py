@@ -146,6 +146,16 @@ class TrafficParams:
     #                                     it). The same for a vehicle out overtaking and one
     #                                     coming the other way: where each is along the other's
     #                                     lane, and (project) closing in at both their speeds
+    lane_change_follower: str = "entering"  # whom a vehicle moving into the lane beside checks
+    #                                         as its new follower there: entering: also a
+    #                                         vehicle about to come onto that lane from the lane
+    #                                         before it (the next lane of its path), where the
+    #                                         place beside us is near the lane's start; lane: only
+    #                                         vehicles on that lane (the behaviour before; the study
+    #                                         pins it): a car moved over 5 m into a lane just in
+    #                                         front of one entering it at 30 km/h, which then stood
+    #                                         behind it while it slid over onto it (esmini's
+    #                                         highway_intersection_test0)
     junction_chain: str = "queue"  # junctions joined by a link shorter than tables.LINK_SHORT m
     #                                (a roundabout's ring, two junctions a few metres apart):
     #                                queue: a vehicle on such a link asks first for its way through
@@ -181,7 +191,8 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "ego_turn": None, "ego_behind": "brake", "lane_change_corridor": "lane",
                  "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
                  "wait_cycle_break": "first", "lane_change_place": "scale",
-                 "detector_reach": "lane", "junction_chain": "none"}
+                 "detector_reach": "lane", "junction_chain": "none",
+                 "lane_change_follower": "lane"}
 
 
 # the values of TrafficParams.ego_behind
@@ -196,6 +207,7 @@ WAIT_CYCLE_BREAK = ("rotate", "first")
 LANE_CHANGE_PLACE = ("project", "scale")
 DETECTOR_REACH = ("upstream", "lane")
 JUNCTION_CHAIN = ("queue", "none")
+LANE_CHANGE_FOLLOWER = ("entering", "lane")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -259,7 +271,8 @@ class SimConfig:
                            ("wait_cycle_break", WAIT_CYCLE_BREAK),
                            ("lane_change_place", LANE_CHANGE_PLACE),
                            ("detector_reach", DETECTOR_REACH),
-                           ("junction_chain", JUNCTION_CHAIN)):
+                           ("junction_chain", JUNCTION_CHAIN),
+                           ("lane_change_follower", LANE_CHANGE_FOLLOWER)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

@@ -1199,6 +1199,21 @@ def _neighbours_on(lane, s, v, hl, n, target, s_t, skip):
 
 
 @nb.njit(cache=True)
+def _entering_behind(lane, s, v, hl, path, length, n, target, s_t, skip, gb, vb, fb):
+    """(gap behind, follower's speed, follower) on lane ``target`` behind ``s_t`` (as
+    :func:`_neighbours_on` gave them), counting also a vehicle about to come onto ``target`` from
+    the lane before it (its path's next lane): its place is ``s - length`` of its lane along
+    ``target`` (traffic.lane_change_follower='entering')."""
+    for j in range(n):
+        if j == skip or lane[j] == target or path[j, 1] != target:
+            continue
+        g = s_t - (s[j] - length[lane[j]]) - hl[j]
+        if g < gb:
+            gb, vb, fb = g, v[j], j
+    return gb, vb, fb
+
+
+@nb.njit(cache=True)
 def _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, target, s_t,
                     reach, skip, project):
     """Whether a vehicle changing lanes out of lane ``target`` (not yet across: its lateral
@@ -1227,7 +1242,7 @@ def _taper_ahead(taper_stop, offset, ds, li, s):
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
                  right_same, lane_vmax, taper_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
-                 threshold, b_safe, xy, project):
+                 threshold, b_safe, xy, project, entering):
     """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
     to a neighbouring lane of its direction when its IDM acceleration there beats the present one
     by ``threshold`` plus ``politeness`` times what it costs the new follower, and the new
@@ -1272,6 +1287,9 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
                                hl[i] + s0, i, project):
                 continue  # one still moving out of that lane beside us (two would swap lanes)
             na, nva, nbk, nvb, nf = _neighbours_on(lane, s, v, hl, n, nb_, st + hl[i], i)
+            if entering:
+                nbk, nvb, nf = _entering_behind(lane, s, v, hl, path, length, n, nb_, st + hl[i],
+                                                i, nbk, nvb, nf)
             nbk -= 2.0 * hl[i]  # gaps measured from our front; behind: from our rear
             # the ego on that lane (by its lane), or near where we would be
             if ego_lane == nb_:

@@ -557,7 +557,8 @@ class LiteWorld:
                 self.v_amax, self.v_b,
                 self.v_lat, self.v_lcfrom, self.v_lctimer, ego_xy, ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
-                tp.mobil_threshold, tp.mobil_b_safe, self.v_xy, tp.lane_change_place == "project")
+                tp.mobil_threshold, tp.mobil_b_safe, self.v_xy, tp.lane_change_place == "project",
+                tp.lane_change_follower == "entering")
         decide = self.frame % LC_EVERY == 0
         if n and self._overtake and (decide or self._otk_active):
             st, ab, self._otk_active = K.overtakes(
