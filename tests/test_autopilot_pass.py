@@ -205,3 +205,43 @@ def test_autopilot_sees_a_car_coming_up_in_the_next_lane_inside_a_bend(behind, t
     pilot.tracker.locate(snap.ego.x, snap.ego.y)
     gap = pilot._lane_change_gap(snap, float(route.cum[pilot.idx]))
     assert (gap < math.inf) == taken, gap
+
+
+def test_the_second_of_two_lane_changes_in_a_row_sees_a_car_in_its_lane(town05):
+    """A route two lanes over within 35 m (Town05: lanes 134 -> 135 -> 136, as a route from a
+    spawn point just before a junction has it). A car coming up in the far lane beside the first
+    change's diagonal is two lanes over from the route there, not one: the second change's check
+    placed the lane it moves onto one lane over from the route, missed the car, and the expert
+    moved over into it (esmini's highway_intersection_test0, one ego contact)."""
+    from drivemind.sim.snapshot import Actors, EgoState, TrafficLights, WorldSnapshot
+
+    rm = town05
+    a = next(x for x in range(rm.n_lanes) if rm.junction[x] < 0 and rm.length[x] > 60
+             and rm.left[x] >= 0 and rm.left_same_dir[x] and rm.left[rm.left[x]] >= 0
+             and rm.left_same_dir[rm.left[x]] and rm.junction[rm.left[x]] < 0)
+    far = int(rm.left[rm.left[a]])
+    route = plan_route(rm, (a, 5.0), (far, 40.0))
+    pilot = Autopilot(rm, route)
+    assert len(pilot.changes) == 2
+    (c0, c1, side1), (d0, d1, side2) = pilot.changes
+    x, y, yaw = rm.pose_at(a, 5.0)
+    here = 0.0
+    mid = c0 + 0.5  # the car beside the start of the first diagonal, on the far lane
+    i = int(np.searchsorted(route.cum, mid))
+    nx, ny = -math.sin(route.yaw[i]), math.cos(route.yaw[i])  # + right of the route
+    shift = float(pilot._route_shift(mid))
+    off = float(pilot._route_shift(d1)) - shift  # the far lane, from the route there
+    cx, cy = route.pts[i, 0] + off * nx, route.pts[i, 1] + off * ny
+    assert abs(off) > 1.8 * abs(side2)  # two lanes over from the route there
+    act = Actors(np.arange(1), np.full(1, int(ActorClass.CAR), np.int8), np.array([[cx, cy]]),
+                 np.array([route.yaw[i]]), np.array([[2.45, 1.0]]),
+                 np.array([[6.0 * math.cos(route.yaw[i]), 6.0 * math.sin(route.yaw[i])]]))
+    lights = TrafficLights(np.zeros(0, np.int64), np.zeros((0, 2)), np.zeros(0),
+                           np.zeros(0, np.uint8), [])
+    snap = WorldSnapshot(0, 0.0, 0.1, EgoState(x, y, yaw, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                                               (2.4, 1.05)), act, lights)
+    pilot.tracker.locate(x, y)
+    assert pilot._lane_taken(snap, here, side2, d0, d1, join=True)
+    # the same car one lane nearer (in the first change's lane) is not in the second's way
+    act.pos[0] = (cx - side2 * nx, cy - side2 * ny)
+    assert not pilot._lane_taken(snap, here, side2, d0, d1, join=True)

@@ -494,6 +494,14 @@ class Autopilot:
             return front if self._lane_taken(snap, here, side, c0, c1, join=True) else math.inf
         return math.inf
 
+    def _route_shift(self, s):
+        """How far (m, + right) the route has moved across by arc length ``s`` (scalar or array)
+        through its lane changes, from where it starts."""
+        out = np.zeros(np.shape(s))
+        for c0, c1, side in self.changes:
+            out = out + side * np.clip((np.asarray(s) - c0) / max(c1 - c0, 1e-9), 0.0, 1.0)
+        return out
+
     def _lane_taken(self, snap, here, side, c0, c1, join: bool = False) -> bool:
         """A vehicle in the lane ``side`` m beside ours (+ right) overlaps our route's stretch
         c0..c1 (arc lengths), or comes up from behind too close to it. ``join`` (a lane change of
@@ -522,8 +530,10 @@ class Autopilot:
         dx, dy = act.pos[idx, 0] - r.pts[k, 0], act.pos[idx, 1] - r.pts[k, 1]
         along = r.cum[k] + dx * c + dy * s  # its place along our route
         across = -dx * s + dy * c
-        if join and c1 > c0:  # where the route runs diagonally over, the lane comes closer
-            want = side * np.clip((c1 - along) / (c1 - c0), 0.0, 1.0)
+        if join:  # the lane we move onto, from the route where it is: where the route runs
+            # diagonally over, the lane comes closer; over an earlier change of a chain of them
+            # (a route starting with two in 15 m), the lane is further than one lane over
+            want = self._route_shift(c1) - self._route_shift(along)
         else:
             want = np.full(len(idx), side)
         beside = (np.cos(act.yaw[idx] - r.yaw[k]) > 0.8) & (np.abs(across - want) < 1.8) \
