@@ -104,7 +104,8 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
 
     ``boxes`` (the autopilot's): an actor also counts where its box (not only the disc of its
     lateral reach round its centre) comes within ``ego_half_width + margin`` (plus the turning-in
-    allowance) of a route point, measured from there as "entry" does. A car standing in the lane
+    allowance, at most its half length less its half width) of a route point, measured from there
+    as "entry" does. A car standing in the lane
     the route leaves, at an angle to the route's diagonal, reaches towards it with a rear corner 2 m
     from its centre; at the nearest point to its centre, on the lane beyond, it was "beside"
     (esmini's multi_lane_3way_intersection: the ego changing lanes 15 m before a junction met the
@@ -149,7 +150,10 @@ def corridor_lead(route: Route, idx: int, here: float, ex: float, ey: float, act
         dx, dy = pts[None, :, 0] - pos[near, None, 0], pts[None, :, 1] - pos[near, None, 1]
         ox = np.maximum(np.abs(dx * c + dy * s_) - ext[near, 0, None], 0.0)
         oy = np.maximum(np.abs(-dx * s_ + dy * c) - ext[near, 1, None], 0.0)
-        box_hit = np.hypot(ox, oy) < (ego_half_width + margin + allowance)[:, None]
+        # the turning-in allowance, as for the disc, reaches no further than the box is long (a
+        # walker, as wide as long, turns in place: it counts by its box only)
+        allow = np.minimum(allowance, np.maximum(ext[near, 0] - ext[near, 1], 0.0))
+        box_hit = np.hypot(ox, oy) < (ego_half_width + margin + allow)[:, None]
         box_only = box_hit.any(axis=1) & ~hit.any(axis=1)
         hit[box_only] = box_hit[box_only]  # those the disc finds are measured as before
     # the ego behind the route's first point (a route that starts ahead of it: one chained from
