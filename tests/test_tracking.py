@@ -211,6 +211,33 @@ def test_boxes_count_a_car_whose_corner_reaches_a_lane_change_of_the_route():
         assert lead(off, boxes=True) == lead(off) and lead(off)[1] == 0
 
 
+def test_boxes_give_a_walker_no_more_reach_than_its_disc():
+    """A walker standing 2 m beside the route, facing across it: its disc (reach capped at its
+    half length, 0.3 m) is clear of the corridor, and so is its box: the turning-in allowance
+    reaches no further than a box is long. With the allowance on its box it held the expert for
+    good (CommonRoad's MONAEast: 8 respawns of the cars queued behind it)."""
+    rm = load_town("avenue")
+    lane, route = _straight(rm)
+    x0, y0, yaw = rm.pose_at(lane, 10.0)
+    tr = RouteTracker(route)
+    tr.update(x0, y0, yaw)
+    ax, ay, ayaw = rm.pose_at(lane, 25.0)
+    side = np.array([-math.sin(ayaw), math.cos(ayaw)])
+
+    def lead(cls, ext, lateral, **kw):
+        act = Actors(np.arange(1), np.full(1, int(cls), np.int8),
+                     np.array([[ax, ay]]) + lateral * side, np.array([ayaw + math.pi / 2]),
+                     np.array([ext]), np.zeros((1, 2)))
+        return corridor_lead(route, tr.idx, tr.s, x0, y0, act, 2.4, 1.05, measure="entry",
+                             parallel_reach=True, **kw)
+
+    assert lead(ActorClass.WALKER, (0.3, 0.3), 2.0, boxes=True) == (math.inf, -1)
+    assert lead(ActorClass.WALKER, (0.3, 0.3), 1.5, boxes=True)[1] == 0
+    # a car across the lane beside, its nose 1.5 m from our corridor's edge: its box counts
+    assert lead(ActorClass.CAR, (2.45, 1.0), 4.4)[1] == -1
+    assert lead(ActorClass.CAR, (2.45, 1.0), 4.4, boxes=True)[1] == 0
+
+
 def test_autopilot_uses_the_shared_tracking():
     """The autopilot's stops are route_stops of the snapshot's lights, so it also stops at lights
     on a backend without a lane -> light table (lane_light None), and its position is the
