@@ -447,36 +447,17 @@ def _ego_at_light(lane, s, v, hl, light_block, blocker, junction, succ, length, 
 @nb.njit(cache=True)
 def boxes_touch(pa, ca, sa, pb, cb, sb, hl, hw, reach2, out):
     """out[i] = True where a box of half length ``hl`` and half width ``hw`` at pose i of pa
-    (heading cosine ``ca``, sine ``sa``) overlaps the box at some pose of pb (separating axis
-    test over the four axes, only for centres closer than sqrt(reach2)). For
-    :func:`tables.boxes_touch`, with the same arithmetic as its numpy version had."""
+    (heading cosine ``ca``, sine ``sa``) overlaps the box at some pose of pb (:func:`obb_overlap`,
+    only for centres closer than sqrt(reach2)). For :func:`tables.boxes_touch`, with the same
+    arithmetic as its numpy version had."""
     for i in range(pa.shape[0]):
         for j in range(pb.shape[0]):
             dx = pb[j, 0] - pa[i, 0]
             dy = pb[j, 1] - pa[i, 1]
             if not dx * dx + dy * dy < reach2:
                 continue
-            cai = ca[i]
-            sai = sa[i]
-            cbj = cb[j]
-            sbj = sb[j]
-            apart = False
-            for axis in range(4):
-                if axis == 0:
-                    nx, ny = cai, sai
-                elif axis == 1:
-                    nx, ny = -sai, cai
-                elif axis == 2:
-                    nx, ny = cbj, sbj
-                else:
-                    nx, ny = -sbj, cbj
-                gap = abs(dx * nx + dy * ny)
-                ra = hl * abs(nx * cai + ny * sai) + hw * abs(ny * cai - nx * sai)
-                rb = hl * abs(nx * cbj + ny * sbj) + hw * abs(ny * cbj - nx * sbj)
-                if gap > ra + rb:
-                    apart = True
-                    break
-            if not apart:
+            if obb_overlap(pa[i, 0], pa[i, 1], ca[i], sa[i], hl, hw, pb[j, 0], pb[j, 1], cb[j], sb[j],
+                           hl, hw):
                 out[i] = True
                 break
 
