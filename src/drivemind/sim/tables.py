@@ -30,30 +30,27 @@ class JunctionPairs:
     broadcast, as ``np.ix_`` gives): ``fill`` for two lanes not of one junction. The kernels read
     it through :func:`kernels.pair_at` on ``data`` and ``index``."""
 
-    def __init__(self, junction: np.ndarray, dtype, fill, index: np.ndarray | None = None):
+    def __init__(self, junction: np.ndarray, dtype, fill):
         self.fill = fill
-        if index is None:
-            L = len(junction)
-            index = np.full((L, 3), -1, np.int64)
-            base = 0
-            for j in np.unique(junction[junction >= 0]):
-                lanes = np.flatnonzero(junction == j)
-                n = len(lanes)
-                index[lanes, 0] = base
-                index[lanes, 1] = np.arange(n)
-                index[lanes, 2] = n
-                base += n * n
-            index[junction < 0, 2] = 0
-            self.size = base
-        else:
-            self.size = int((index[index[:, 0] >= 0, 2] ** 2).sum()) if len(index) else 0
-        self.index = index
+        index = np.full((len(junction), 3), -1, np.int64)
+        self._lanes: dict[int, np.ndarray] = {}  # block offset -> its lanes
+        base = 0
+        for j in np.unique(junction[junction >= 0]):
+            lanes = np.flatnonzero(junction == j)
+            n = len(lanes)
+            index[lanes, 0] = base
+            index[lanes, 1] = np.arange(n)
+            index[lanes, 2] = n
+            self._lanes[base] = lanes
+            base += n * n
+        index[junction < 0, 2] = 0
+        self.size, self.index = base, index
         self.data = np.full(self.size, fill, dtype)
 
     def like(self, dtype, fill) -> "JunctionPairs":
         """An empty table over the same blocks."""
         out = JunctionPairs.__new__(JunctionPairs)
-        out.fill, out.index, out.size = fill, self.index, self.size
+        out.fill, out.index, out.size, out._lanes = fill, self.index, self.size, self._lanes
         out.data = np.full(self.size, fill, dtype)
         return out
 
@@ -88,8 +85,7 @@ class JunctionPairs:
         base, pos, n = (int(x) for x in self.index[a])
         if base < 0:
             return np.zeros(0, np.int64), self.data[:0]
-        lanes = np.flatnonzero(self.index[:, 0] == base)
-        return lanes, self.data[base + pos * n:base + (pos + 1) * n]
+        return self._lanes[base], self.data[base + pos * n:base + (pos + 1) * n]
 
     def partners(self, a: int) -> np.ndarray:
         """The lanes ``b`` with ``table[a, b]`` nonzero (as ``np.flatnonzero(dense[a])``)."""
