@@ -514,6 +514,39 @@ def test_a_standing_car_between_two_lanes_does_not_slide_over_onto_the_ego_besid
     assert world.v_lat[0] == 0.0 and world.v_lcfrom[0] == -1
 
 
+@pytest.mark.parametrize("corridor", ["body", "lane"])
+def test_a_slow_car_between_two_lanes_does_not_slide_over_onto_the_ego_beside_it(corridor):
+    """The same at walking pace: a car drifting over to the right lane at 1.6 m/s, its rear beside
+    the nose of the ego standing there. With ``body`` it stays off the ego until it is past it, then moves
+    over; before, only a car under 1 m/s held (CommonRoad's MONAEast, stop 52: a motorcycle at
+    1.6 m/s slid into the standing expert's nose)."""
+    from straight_roads import side_by_side
+
+    from drivemind.sim import kernels as K
+    from drivemind.sim.snapshot import ActorClass
+
+    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)], step=300.0 / 59)
+    L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    world = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, lane_change_corridor=corridor)))
+    world.reset(seed=0, ego_pose=(97.0, -3.5, 0.0))  # standing in the right lane, 3 m behind
+    world.v_cls[0] = int(ActorClass.CAR)
+    world.v_hl[0], world.v_hw[0] = 2.3, 0.95
+    world.v_vfac[0] = 1.6 / float(world.lane_vmax[R])  # it drives on at 1.6 m/s
+    world.v_lane[0], world.v_s[0], world.v_v[0] = R, 100.0, 1.6
+    world._fill_path(0)
+    world.v_lat[0], world.v_lcfrom[0] = 2.3, L
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    contacts = 0
+    for _ in range(100):  # 10 s
+        contacts += len(world.step((0.0, -1.0)).collisions)
+    if corridor == "body":
+        assert contacts == 0
+        assert world.v_lat[0] == 0.0 and world.v_xy[0, 0] > 97.0 + 4.7  # over, once past
+    else:
+        assert contacts > 0
+
+
 @pytest.mark.parametrize("follower", ["entering", "lane"])
 def test_no_lane_change_just_in_front_of_a_car_entering_that_lane(follower):
     """Two lanes each way over two lane sections (the lanes of the second start at x = 100). A

@@ -1055,9 +1055,9 @@ def traffic_step(
                 h += math.atan2(dl / dt, v[i])
         elif lat[i] != 0.0:  # drifting over to the lane it changed to (1 m/s sideways at most)
             step = max(0.3, min(1.0, 0.35 * v[i])) * dt
-            if lc_body and v[i] < 1.0 and _ego_beside(x, y, h, lat[i], hl[i], hw[i], step,
-                                                      ego_xy, ego_yaw, ego_hl, ego_hw):
-                pass  # (nearly) standing, it stays between the lanes, off the ego beside it
+            if lc_body and _ego_beside(x, y, h, lat[i], hl[i], hw[i], step, ego_xy, ego_yaw,
+                                       ego_hl, ego_hw):
+                pass  # it stays between the lanes, off the ego beside it, until past it
             elif abs(lat[i]) <= step:
                 lat[i] = 0.0
                 lcfrom[i] = -1
