@@ -133,8 +133,8 @@ class TrafficParams:
     #                                     its body sweeps while it is still between the lanes;
     #                                     lane: the new lane's centre line at its own half width
     #                                     (the behaviour before; the study pins it). With body, a
-    #                                     vehicle (nearly) standing between the lanes does not go on
-    #                                     sliding over while the ego is beside it there
+    #                                     vehicle between the lanes does not go on sliding over
+    #                                     while the ego is beside it there
     lane_change_place: str = "project"  # where a vehicle changing lanes is on the lane beside
     #                                     (its place there when it moves over, and while it is
     #                                     still partly in the lane it left): project: the nearest
