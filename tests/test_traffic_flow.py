@@ -476,6 +476,34 @@ def test_a_cycle_found_again_is_broken_by_the_next_member(rule, caplog):
     assert (movers[0] != movers[1]) == (rule == "rotate")
 
 
+def _between_lanes(corridor, ego_x, v, lat):
+    """Two 300 m lanes side by side; the ego standing in the right one at ``ego_x``; a car at
+    s = 100 of the right lane, ``lat`` m to its left (moving over from the left lane), driving on
+    at ``v`` m/s (0: it wants to stand)."""
+    from straight_roads import side_by_side
+
+    from drivemind.sim import kernels as K
+    from drivemind.sim.snapshot import ActorClass
+
+    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)], step=300.0 / 59)
+    L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
+    world = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, lane_change_corridor=corridor)))
+    world.reset(seed=0, ego_pose=(ego_x, -3.5, 0.0))
+    world.v_cls[0] = int(ActorClass.CAR)
+    world.v_hl[0], world.v_hw[0] = 2.3, 0.95
+    world.v_vfac[0] = v / float(world.lane_vmax[R])
+    world.v_lane[0], world.v_s[0], world.v_v[0] = R, 100.0, v
+    world._fill_path(0)
+    world.v_lat[0], world.v_lcfrom[0] = lat, L
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    return world
+
+
+def _contacts(world, steps):
+    return sum(len(world.step((0.0, -1.0)).collisions) for _ in range(steps))
+
+
 @pytest.mark.parametrize("corridor", ["body", "lane"])
 def test_a_standing_car_between_two_lanes_does_not_slide_over_onto_the_ego_beside_it(corridor):
     """A car changing from the left lane to the right one stopped with its body still mostly in
@@ -484,62 +512,26 @@ def test_a_standing_car_between_two_lanes_does_not_slide_over_onto_the_ego_besid
     until the ego has gone; with ``lane`` (the rule before, the study's) it went on sliding over
     at 0.3 m/s, standing, into the ego's side (CommonRoad's MONAEast, stop 51: the ego was
     passing it)."""
-    from straight_roads import side_by_side
-
-    from drivemind.sim import kernels as K
-    from drivemind.sim.snapshot import ActorClass
-
-    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)], step=300.0 / 59)
-    L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
-    world = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None, traffic=TrafficParams(
-        signals="none", stuck_respawn=None, lane_change_corridor=corridor)))
-    world.reset(seed=0, ego_pose=(101.0, -3.5, 0.0))  # standing in the right lane
-    world.v_cls[0] = int(ActorClass.CAR)
-    world.v_hl[0], world.v_hw[0], world.v_vfac[0] = 2.3, 0.95, 0.0  # it wants to stand
-    world.v_lane[0], world.v_s[0], world.v_v[0] = R, 100.0, 0.0
-    world._fill_path(0)
-    world.v_lat[0], world.v_lcfrom[0] = 3.2, L
-    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
-    contacts = 0
-    for _ in range(50):  # 5 s
-        contacts += len(world.step((0.0, -1.0)).collisions)
+    world = _between_lanes(corridor, 101.0, 0.0, 3.2)
+    contacts = _contacts(world, 50)  # 5 s
     if corridor == "body":
         assert contacts == 0 and world.v_lat[0] > 1.5  # beside the ego still, clear of it
     else:
         assert contacts > 0 and world.v_lat[0] < 2.0  # slid 1.5 m, standing
     # the ego gone, it moves over
     world.place_ego((250.0, -3.5, 0.0))
-    for _ in range(150):
-        world.step((0.0, -1.0))
+    _contacts(world, 150)
     assert world.v_lat[0] == 0.0 and world.v_lcfrom[0] == -1
 
 
 @pytest.mark.parametrize("corridor", ["body", "lane"])
 def test_a_slow_car_between_two_lanes_does_not_slide_over_onto_the_ego_beside_it(corridor):
     """The same at walking pace: a car drifting over to the right lane at 1.6 m/s, its rear beside
-    the nose of the ego standing there. With ``body`` it stays off the ego until it is past it, then moves
-    over; before, only a car under 1 m/s held (CommonRoad's MONAEast, stop 52: a motorcycle at
-    1.6 m/s slid into the standing expert's nose)."""
-    from straight_roads import side_by_side
-
-    from drivemind.sim import kernels as K
-    from drivemind.sim.snapshot import ActorClass
-
-    rm = side_by_side("two_lanes", 300.0, [(0.0, 3.5), (-3.5, 3.5)], step=300.0 / 59)
-    L, R = rm.key_index[(1, 0, -1)], rm.key_index[(1, 0, -2)]
-    world = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None, traffic=TrafficParams(
-        signals="none", stuck_respawn=None, lane_change_corridor=corridor)))
-    world.reset(seed=0, ego_pose=(97.0, -3.5, 0.0))  # standing in the right lane, 3 m behind
-    world.v_cls[0] = int(ActorClass.CAR)
-    world.v_hl[0], world.v_hw[0] = 2.3, 0.95
-    world.v_vfac[0] = 1.6 / float(world.lane_vmax[R])  # it drives on at 1.6 m/s
-    world.v_lane[0], world.v_s[0], world.v_v[0] = R, 100.0, 1.6
-    world._fill_path(0)
-    world.v_lat[0], world.v_lcfrom[0] = 2.3, L
-    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
-    contacts = 0
-    for _ in range(100):  # 10 s
-        contacts += len(world.step((0.0, -1.0)).collisions)
+    the nose of the ego standing there, 3 m behind it. With ``body`` it stays off the ego until it
+    is past it, then moves over; before, only a car under 1 m/s held (CommonRoad's MONAEast, stop
+    52: a motorcycle at 1.6 m/s slid into the standing expert's nose)."""
+    world = _between_lanes(corridor, 97.0, 1.6, 2.3)
+    contacts = _contacts(world, 100)  # 10 s
     if corridor == "body":
         assert contacts == 0
         assert world.v_lat[0] == 0.0 and world.v_xy[0, 0] > 97.0 + 4.7  # over, once past
