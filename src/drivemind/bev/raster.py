@@ -48,20 +48,17 @@ class TownRaster:
         nu = int(math.ceil((x1 - x0 + 2 * MARGIN) * ppm))
         nv = int(math.ceil((y1 - y0 + 2 * MARGIN) * ppm))
         self.shape = (nv, nu)
-        self.shift = TILE_SHIFT
-        self.tile_of = np.full(((nv + TILE - 1) >> TILE_SHIFT, (nu + TILE - 1) >> TILE_SHIFT),
-                               NOT_DRAWN, np.int64)
         self.whole = nu * nv <= WHOLE_MAX_PX if whole is None else bool(whole)
-        self._tick = 0
-        if self.whole:  # one tile, the whole raster (the kernel's lookups cost nothing then)
+        if self.whole:  # one tile, the whole raster (the kernel reads it directly); ensure() no-op
             self.shift = WHOLE_SHIFT
             self.tiles = _draw(rm, self.ppm, self.marking_width, self.origin, 0, 0, nu, nv,
                                np.arange(rm.n_lanes))[None]
             self.tile_of = np.zeros((1, 1), np.int64)
-            self._last = np.zeros(1, np.int64)
-            self._slot_tile = np.zeros((1, 2), np.int64)
-            self._used = 1
         else:
+            self.shift = TILE_SHIFT
+            self.tile_of = np.full(((nv + TILE - 1) >> TILE_SHIFT, (nu + TILE - 1) >> TILE_SHIFT),
+                                   NOT_DRAWN, np.int64)
+            self._tick = 0
             self.tiles = np.zeros((0, TILE, TILE), np.uint8)
             self._last = np.zeros(0, np.int64)
             self._slot_tile = np.zeros((0, 2), np.int64)

@@ -166,9 +166,9 @@ MIN_BOX_LANE = 0.1  # m: a shorter lane (a degenerate lane section) has no headi
 
 def conflict_matrix(rm: RoadMap, dist: float, succ: np.ndarray | None = None, *,
                     box: bool = False, ways: bool = False) -> JunctionPairs:
-    """conflict[a, b] (int8 :class:`JunctionPairs`, nonzero: conflict): junction lanes a and b (same junction, a != b)
-    come within ``dist`` m, directly or through the lanes chained to them (see
-    :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane (with
+    """conflict[a, b] (int8 :class:`JunctionPairs`, nonzero: conflict): junction lanes a and b
+    (same junction, a != b) come within ``dist`` m, directly or through the lanes chained to them
+    (see :func:`_chain_conflicts`); 2 marks the first lanes of two ways through from one lane (with
     ``ways``: every lane of the one way against every lane of the other).
 
     ``box`` (traffic.junction_conflict='boxes'): they also conflict where a vehicle's box
@@ -309,7 +309,8 @@ def way_start(rm: RoadMap, succ: np.ndarray) -> np.ndarray:
 
 def conflict_clear_points(rm: RoadMap, dist: float, conflict: JunctionPairs,
                           succ: np.ndarray | None = None, *, box: bool = False) -> JunctionPairs:
-    """clear[a, c] (float64 :class:`JunctionPairs` over ``conflict``'s blocks): how far along junction lane ``a`` (m from its start) a
+    """clear[a, c] (float64 :class:`JunctionPairs` over ``conflict``'s blocks): how far along
+    junction lane ``a`` (m from its start) a
     vehicle's rear must be before it no longer stands in the way of a vehicle entering the way
     through that starts with junction lane ``c``: the last point of ``a`` within ``dist`` m of any
     lane of ``c``'s chain (see :func:`_chain_conflicts`), 0 where ``a`` comes near it only through

@@ -575,7 +575,7 @@ class LiteWorld:
         if n:
             m = K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict.data,
-                self.conflict.index,                 self.way_start,
+                self.conflict.index, self.way_start,
                 tp.diverging_follow == "way", tp.junction_exit == "way",
                 self.lights.lane_light, self.lane_vmax, self.taper_stop,
                 self.v_lane, self.v_s, self.v_v, self.v_acc, self.v_path, self.v_grant,
