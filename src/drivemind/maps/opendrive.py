@@ -41,12 +41,14 @@ SPIRAL_AS_ARC = 1e-3  # m: |curvEnd - curvStart| * length**2 under this -> the s
 STRAIGHT_CURVATURE = 1e-9  # 1/m: an "arc" this flat is written as a line
 
 _SPIRAL = re.compile(r"<spiral\b([^>]*?)\s*(?:/>|>\s*</spiral\s*>)")
+_ARC = re.compile(r"<arc\b([^>]*?)\s*(?:/>|>\s*</arc\s*>)")
 _ATTR = re.compile(r"""([A-Za-z_][\w.-]*)\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 _GEOMETRY = re.compile(r"<geometry\b[^>]*>")
 _ROAD = re.compile(r"<road\b[^>]*>")
 _JUNCTION = re.compile(r"<junction\b[^>]*>")
 _ROAD_LINK = re.compile(r"<(?:predecessor|successor)\b[^>]*>")
 _JUNCTION_REF = re.compile(r"<junctionReference\b[^>]*>")
+_RAMP_LANE = re.compile(r"""(<lane\b[^>]*?\btype\s*=\s*)(["'])(entry|exit|onRamp|offRamp|connectingRamp)\2""")
 
 
 def _import_carla():
@@ -67,10 +69,20 @@ def _check_opendrive_text(text: str, source: str) -> None:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
         raise MapError(f"{source}: not valid XML ({exc}); expected an OpenDRIVE .xodr file") from exc
-    if root.tag != "OpenDRIVE":
+    # RoadRunner writes <OpenDRIVE xmlns="http://www.opendrive.org">: the names count, not the
+    # namespace (carla's parser reads such a file)
+    def local(tag):
+        return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+    if local(root.tag) != "OpenDRIVE":
         raise MapError(f"{source}: root element is <{root.tag}>, expected <OpenDRIVE>")
-    if root.find("road") is None:
+    if not any(local(el.tag) == "road" for el in root):
         raise MapError(f"{source}: OpenDRIVE file has no <road> elements")
+    lanes = [ln for ln in root.iter() if local(ln.tag) == "lane" and ln.get("id") not in ("0", None)]
+    if lanes and all(ln.get("type") is None for ln in lanes):
+        raise MapError(f"{source}: none of its {len(lanes)} lanes has a type attribute (OpenDRIVE "
+                       f"requires one; the CARLA parser then reads no lane as type 'driving'): add "
+                       f"type=\"driving\" to the lanes that carry traffic")
 
 
 def _attrs(tag_text: str) -> dict[str, str]:
@@ -117,6 +129,44 @@ def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
         return "<line/>" if abs(c) < STRAIGHT_CURVATURE else f'<arc curvature="{c!r}"/>'
 
     return _SPIRAL.sub(repl, text), rewritten
+
+
+def ramp_lanes_as_driving(text: str) -> str:
+    """``text`` with the lanes of OpenDRIVE's ramp types (``entry``, ``exit``, ``onRamp``,
+    ``offRamp``, ``connectingRamp``) typed ``driving``. They carry traffic as driving lanes do,
+    but the CARLA API walks driving lanes only: esmini's ``connected_junctions_simple`` (every
+    lane an ``offRamp``) read as no lane at all. CARLA's towns type every such lane ``driving``;
+    a text without ramp lanes is returned unchanged."""
+    return _RAMP_LANE.sub(lambda m: f"{m.group(1)}{m.group(2)}driving{m.group(2)}", text)
+
+
+def flat_arcs_as_lines(text: str) -> tuple[str, list[str]]:
+    """``(text, rewritten)``: ``text`` with every ``<arc>`` of curvature under
+    ``STRAIGHT_CURVATURE`` (0 in esmini's ``slope_up_leaning_right``) written as the ``<line>`` it
+    is, and one description per rewritten piece ("road 1 geometry s=0.00"). carla 0.9.16 divides
+    by an arc's curvature: every lane point of such a road is NaN, and the road was read as no
+    lane at all. Any other text is returned unchanged."""
+    if "<arc" not in text:
+        return text, []
+    rewritten: list[str] = []
+    geoms = [(m.start(), m.group(0)) for m in _GEOMETRY.finditer(text)]
+    roads = [(m.start(), m.group(0)) for m in _ROAD.finditer(text)]
+    geom_at, road_at = [at for at, _ in geoms], [at for at, _ in roads]
+
+    def repl(m: re.Match) -> str:
+        try:
+            c = float(_attrs(m.group(1))["curvature"])
+        except (KeyError, ValueError):
+            return m.group(0)  # malformed: left to the parser and its error
+        if not abs(c) < STRAIGHT_CURVATURE:
+            return m.group(0)
+        k, r = bisect.bisect_right(geom_at, m.start()) - 1, bisect.bisect_right(road_at, m.start()) - 1
+        g = _attrs(geoms[k][1]) if k >= 0 else {}
+        road = _attrs(roads[r][1]).get("id", "?") if r >= 0 else "?"
+        rewritten.append(f"road {road} geometry s={float(g.get('s', 'nan')):.2f}")
+        return "<line/>"
+
+    return _ARC.sub(repl, text), rewritten
 
 
 def _set_attr(tag: str, name: str, value: str) -> str:
@@ -169,7 +219,24 @@ def parse_carla_map(text: str, name: str, source: str):
     try:
         return carla.Map(name, text)
     except Exception as exc:  # the C++ parser raises RuntimeError on broken files
-        raise MapError(f"{source}: the CARLA OpenDRIVE parser rejected the file: {exc}") from exc
+        raise MapError(f"{source}: the CARLA OpenDRIVE parser rejected the file: {exc}"
+                       f"{_direct_junctions_hint(text)}") from exc
+
+
+def _direct_junctions_hint(text: str) -> str:
+    """What to do when the file has direct junctions (OpenDRIVE 1.6 ``type="direct"``, roads
+    linked with no connecting roads): carla 0.9.16 rejects many of them with ``_Map_base::at``
+    (scenariogeneration's highway exits; esmini's ``soderleden`` has one it reads)."""
+    direct = [_attrs(m.group(0)).get("id", "?") for m in _JUNCTION.finditer(text)
+              if _attrs(m.group(0)).get("type") == "direct"]
+    if not direct:
+        return ""
+    many = len(direct) > 1
+    return (f". The file has {'' if many else 'a '}direct junction{'s' if many else ''} (OpenDRIVE 1.6 "
+            f"type=\"direct\": roads linked with no connecting roads), which this parser does not "
+            f"read: junction{'s' if many else ''} {', '.join(direct[:8])}"
+            f"{f' and {len(direct) - 8} more' if len(direct) > 8 else ''}. Export the network "
+            f"with default junctions (connecting roads) instead")
 
 
 RECORDS_CACHE = "DRIVEMIND_MAP_CACHE"  # 0: read every map through the native parser
@@ -238,6 +305,8 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     source = source or f"<OpenDRIVE text for {name}>"
     _check_opendrive_text(text, source)
     text, arcs = constant_spirals_as_arcs(text)
+    text, lines = flat_arcs_as_lines(text)
+    text = ramp_lanes_as_driving(text)
     text, junctions = junction_ids_apart(text)
     sample = build_kw.pop("sample", 0.5)
     cache = _records_cache_path(text, sample)
@@ -245,20 +314,21 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     if cached is not None:
         records, landmarks, short = cached
     else:
+        walk = "native"
         if native_check:
             from .native_check import check_text
 
-            check_text(text, name, source)
+            walk = check_text(text, name, source).get("walk", "native")
         cmap = parse_carla_map(text, name, source)
         records, landmarks, short = carla_lane_records(cmap, name=name, source=source,
-                                                       sample=sample)
+                                                       sample=sample, walk=walk)
         _write_records(cache, (records, landmarks, short))
     from .validate import drop_broken_successors, warn_issues
 
     dropped = drop_broken_successors(records)
     if validate:
         warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
-                    junctions=junctions)
+                    lines=lines, junctions=junctions)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 
@@ -318,17 +388,19 @@ def roadmap_from_carla_map(cmap, *, name: str | None = None, source: str = "",
                          **build_kw)
 
 
-def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5):
+def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5,
+                       walk: str = "native"):
     """(lane records, traffic-light landmarks) read from a ``carla.Map``: every native call the
-    loader makes on a map (the child-process check runs exactly this)."""
+    loader makes on a map (the child-process check runs exactly this). ``walk``: "native" reads
+    each lane with ``next_until_lane_end``; "step" with ``next()`` a step at a time (for a file
+    on which the native walk crashes, :func:`drivemind.maps.native_check.check_text`)."""
+    if walk not in ("native", "step"):
+        raise ValueError(f"walk must be 'native' or 'step', not {walk!r}")
     carla = _import_carla()
     try:
         topo = cmap.get_topology()
     except Exception as exc:
         raise MapError(f"{source or name}: could not read the lane topology: {exc}") from exc
-    if not topo:
-        raise MapError(f"map {name!r} ({source or 'in memory'}) has no drivable lanes "
-                       "(the OpenDRIVE file defines no connected lanes of type 'driving')")
 
     def key(w):
         return (w.road_id, w.section_id, w.lane_id)
@@ -352,12 +424,16 @@ def carla_lane_records(cmap, *, name: str, source: str = "", sample: float = 0.5
         # carla 0.9.16; previous() does not), at most 50 km
         starts[k] = (_walk_lane(w, k, key, sample, backward=True) or [w])[-1]
         succ[k] = []
+    if not starts:
+        raise MapError(f"map {name!r} ({source or 'in memory'}) has no drivable lanes "
+                       "(the OpenDRIVE file defines no lanes of type 'driving')")
     records = []
     short: dict[tuple, float] = {}  # lanes shorter than `sample` -> distance to their successor
     short_start: dict[tuple, np.ndarray] = {}
     for k in sorted(starts):
         w0 = starts[k]
-        wps = [w0] + _lane_waypoints(w0, k, key, sample)
+        wps = [w0] + (_lane_waypoints(w0, k, key, sample) if walk == "native"
+                      else _walk_lane(w0, k, key, sample))
         pts = np.array([[w.transform.location.x, w.transform.location.y] for w in wps])
         if len(pts) >= 2:
             keep = np.concatenate([[True], np.linalg.norm(np.diff(pts, axis=0), axis=1) > 1e-6])

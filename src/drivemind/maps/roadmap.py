@@ -15,6 +15,8 @@ found in O(1) without search.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -180,9 +182,22 @@ def _interp_attr(values: np.ndarray, n_src: int, n_dst: int) -> np.ndarray:
     return values[idx]
 
 
+def _finite_points(ln: LaneRecord) -> LaneRecord:
+    pts = np.asarray(ln.points, float).reshape(-1, 2)
+    ok = np.isfinite(pts).all(axis=1)
+    if ok.all():
+        return ln
+    return dataclasses.replace(
+        ln, points=pts[ok], width=np.asarray(ln.width)[ok], mark_left=np.asarray(ln.mark_left)[ok],
+        mark_right=np.asarray(ln.mark_right)[ok], z=None if ln.z is None else np.asarray(ln.z)[ok])
+
+
 def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: float = 1.0,
                   spawn_spacing: float = 15.0, spawn_margin: float = 6.0, source: str = "") -> RoadMap:
-    """Assemble a RoadMap from loader records. Raises MapError if nothing drivable remains."""
+    """Assemble a RoadMap from loader records. Raises MapError if nothing drivable remains.
+    Points without a position (NaN: the parser on a broken geometry record, named by
+    :func:`drivemind.maps.validate.find_issues`) are left out."""
+    lanes = [_finite_points(ln) for ln in lanes]
     lanes = [ln for ln in lanes if len(ln.points) >= 2]
     if not lanes:
         raise MapError(f"map {name!r} ({source or 'in memory'}) has no drivable lanes")
@@ -255,9 +270,17 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
                           all_pts[:, 1].max()])
     _make_spawn_points(rm, spawn_spacing, spawn_margin)
     if len(rm.spawn) == 0:
-        raise MapError(f"map {name!r} ({source or 'in memory'}) has no lane long enough to spawn on "
-                       f"(need a non-junction lane longer than {2 * spawn_margin:.0f} m)")
+        raise MapError(f"map {name!r} ({source or 'in memory'}) has no lane to spawn on (need a "
+                       f"non-junction lane longer than {2 * spawn_margin:.0f} m and {MIN_SPAWN_WIDTH} m "
+                       f"wide or more for {2 * spawn_margin:.0f} m; its widest lane is "
+                       f"{float(rm.width.max()):.2f} m wide and its longest outside junctions "
+                       f"{_longest_road_lane(rm):.1f} m long)")
     return rm
+
+
+def _longest_road_lane(rm: RoadMap) -> float:
+    outside = rm.length[rm.junction < 0]
+    return float(outside.max()) if len(outside) else 0.0
 
 
 MIN_SPAWN_WIDTH = 2.5  # m: no spawn point where the lane is narrower (a lane that begins or ends

@@ -125,12 +125,15 @@ def kinked_centre_line(points, min_turn_deg: float = KINK) -> bool:
 
 def find_issues(records, text: str | None = None, short: dict | None = None,
                 dropped: list[str] | None = None, arcs: list[str] | None = None,
-                junctions: list[str] | None = None) -> dict[str, list[str]]:
+                junctions: list[str] | None = None,
+                lines: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
     dropped" (``dropped``, from :func:`drop_broken_successors`), "spirals of constant curvature
     read as arcs" (``arcs``, from :func:`drivemind.maps.opendrive.constant_spirals_as_arcs`),
+    "arcs of zero curvature read as lines" (``lines``, from
+    :func:`drivemind.maps.opendrive.flat_arcs_as_lines`),
     "junctions sharing an id with a road, renumbered" (``junctions``, from
     :func:`drivemind.maps.opendrive.junction_ids_apart`),
     "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`), lanes whose centre
@@ -147,9 +150,17 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     if arcs:
         issues["spirals of constant curvature read as arcs (the CARLA parser draws them as straight "
                "lines, and the lanes after them jump back)"] = list(arcs)
+    if lines:
+        issues["arcs of zero curvature read as lines (the CARLA parser divides by the curvature: "
+               "their lanes have no position)"] = list(lines)
     if junctions:
         issues["junctions sharing an id with a road, renumbered (the CARLA parser mislinks the "
                "roads leading into such a junction)"] = list(junctions)
+    nowhere = [_lane(r.key) for r in records
+               if not np.isfinite(np.asarray(r.points, float)).all()]
+    if nowhere:
+        issues["lanes with points the parser puts nowhere (NaN: a broken geometry record), those "
+               "points left out"] = nowhere
     back = [_lane(r.key) for r in records if broken_centre_line(r.points)]
     if back:
         issues["lanes whose centre line jumps or turns back (broken geometry: traffic on them "
@@ -294,9 +305,10 @@ def _has_driving(root, connections) -> bool:
 
 def warn_issues(records, text: str | None, where: str, short: dict | None = None,
                 dropped: list[str] | None = None, arcs: list[str] | None = None,
-                junctions: list[str] | None = None) -> dict[str, list[str]]:
+                junctions: list[str] | None = None,
+                lines: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
-    issues = find_issues(records, text, short, dropped, arcs, junctions)
+    issues = find_issues(records, text, short, dropped, arcs, junctions, lines)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)
