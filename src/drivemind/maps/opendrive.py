@@ -323,12 +323,13 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
         records, landmarks, short = carla_lane_records(cmap, name=name, source=source,
                                                        sample=sample, walk=walk)
         _write_records(cache, (records, landmarks, short))
-    from .validate import drop_broken_successors, warn_issues
+    from .validate import drop_broken_successors, drop_points_nowhere, warn_issues
 
+    nowhere = drop_points_nowhere(records)
     dropped = drop_broken_successors(records)
     if validate:
         warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
-                    lines=lines, junctions=junctions)
+                    lines=lines, junctions=junctions, nowhere=nowhere)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 

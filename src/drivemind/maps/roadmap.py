@@ -182,7 +182,8 @@ def _interp_attr(values: np.ndarray, n_src: int, n_dst: int) -> np.ndarray:
     return values[idx]
 
 
-def _finite_points(ln: LaneRecord) -> LaneRecord:
+def finite_points(ln: LaneRecord) -> LaneRecord:
+    """``ln`` without its points at no position (NaN), and their widths and markings."""
     pts = np.asarray(ln.points, float).reshape(-1, 2)
     ok = np.isfinite(pts).all(axis=1)
     if ok.all():
@@ -197,7 +198,7 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
     """Assemble a RoadMap from loader records. Raises MapError if nothing drivable remains.
     Points without a position (NaN: the parser on a broken geometry record, named by
     :func:`drivemind.maps.validate.find_issues`) are left out."""
-    lanes = [_finite_points(ln) for ln in lanes]
+    lanes = [finite_points(ln) for ln in lanes]
     lanes = [ln for ln in lanes if len(ln.points) >= 2]
     if not lanes:
         raise MapError(f"map {name!r} ({source or 'in memory'}) has no drivable lanes")

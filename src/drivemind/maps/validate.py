@@ -15,6 +15,8 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
+from .roadmap import finite_points
+
 ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
 FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start: warned
 BROKEN_SUCCESSOR = 2.5  # m: a link this far is dropped (a vehicle or route following it would jump)
@@ -45,6 +47,21 @@ def _named(items: list[str]) -> str:
 def _length(points) -> float:
     p = np.asarray(points, float).reshape(-1, 2)
     return float(np.hypot(*np.diff(p, axis=0).T).sum()) if len(p) >= 2 else 0.0
+
+
+def drop_points_nowhere(records) -> list[str]:
+    """Remove from ``records`` every point the parser puts nowhere (NaN: a geometry record
+    without its coefficients, CommonRoad's ``straight_road_default``) and name each lane that had
+    one. Before any check that measures a lane: a NaN end made a lane's link to itself (the
+    parser's, at an open road end) look like a ring, and traffic went round it for good."""
+    named = []
+    for i, r in enumerate(records):
+        pts = np.asarray(r.points, float).reshape(-1, 2)
+        ok = np.isfinite(pts).all(axis=1)
+        if not ok.all():
+            records[i] = finite_points(r)
+            named.append(_lane(r.key))
+    return named
 
 
 def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[str]:
@@ -125,15 +142,16 @@ def kinked_centre_line(points, min_turn_deg: float = KINK) -> bool:
 
 def find_issues(records, text: str | None = None, short: dict | None = None,
                 dropped: list[str] | None = None, arcs: list[str] | None = None,
-                junctions: list[str] | None = None,
-                lines: list[str] | None = None) -> dict[str, list[str]]:
+                junctions: list[str] | None = None, lines: list[str] | None = None,
+                nowhere: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
     dropped" (``dropped``, from :func:`drop_broken_successors`), "spirals of constant curvature
     read as arcs" (``arcs``, from :func:`drivemind.maps.opendrive.constant_spirals_as_arcs`),
     "arcs of zero curvature read as lines" (``lines``, from
-    :func:`drivemind.maps.opendrive.flat_arcs_as_lines`),
+    :func:`drivemind.maps.opendrive.flat_arcs_as_lines`), "lanes with points the parser puts
+    nowhere" (``nowhere``, from :func:`drop_points_nowhere`),
     "junctions sharing an id with a road, renumbered" (``junctions``, from
     :func:`drivemind.maps.opendrive.junction_ids_apart`),
     "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`), lanes whose centre
@@ -156,11 +174,9 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     if junctions:
         issues["junctions sharing an id with a road, renumbered (the CARLA parser mislinks the "
                "roads leading into such a junction)"] = list(junctions)
-    nowhere = [_lane(r.key) for r in records
-               if not np.isfinite(np.asarray(r.points, float)).all()]
     if nowhere:
         issues["lanes with points the parser puts nowhere (NaN: a broken geometry record), those "
-               "points left out"] = nowhere
+               "points left out"] = list(nowhere)
     back = [_lane(r.key) for r in records if broken_centre_line(r.points)]
     if back:
         issues["lanes whose centre line jumps or turns back (broken geometry: traffic on them "
@@ -305,10 +321,10 @@ def _has_driving(root, connections) -> bool:
 
 def warn_issues(records, text: str | None, where: str, short: dict | None = None,
                 dropped: list[str] | None = None, arcs: list[str] | None = None,
-                junctions: list[str] | None = None,
-                lines: list[str] | None = None) -> dict[str, list[str]]:
+                junctions: list[str] | None = None, lines: list[str] | None = None,
+                nowhere: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
-    issues = find_issues(records, text, short, dropped, arcs, junctions, lines)
+    issues = find_issues(records, text, short, dropped, arcs, junctions, lines, nowhere)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)
