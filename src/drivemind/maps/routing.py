@@ -227,7 +227,10 @@ def _open_change(rm: RoadMap, a: int, b: int, s_in: float, s_out: float, e_b: fl
         if len(before):
             lo = max(lo, (float(before.max()) + margin) * la / max(lb, 1e-3))
     if lo > hi:
-        return s_out  # no stretch open on both: as planned
+        # no stretch open on both: where lane a closes within a change's length, at once (a
+        # route starting on a lane drop's taper ran to its very end, beside the traffic moving
+        # over there, and the expert stood in the taper: esmini's two_plus_one); else as planned
+        return max(s_in, hi) if len(after) else s_out
     return min(max(s_out, lo), hi)
 
 

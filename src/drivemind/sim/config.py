@@ -156,6 +156,13 @@ class TrafficParams:
     #                                         front of one entering it at 30 km/h, which then stood
     #                                         behind it while it slid over onto it (esmini's
     #                                         highway_intersection_test0)
+    merge_yield: str = "closing"  # closing: a vehicle whose lane narrows ahead (a lane drop, a
+    #                               2+1 road's passing lane ending) asks to be let into the lane
+    #                               beside, and a follower there that can stop comfortably lets
+    #                               it in (a zipper); none: it waits for a gap MOBIL accepts (the
+    #                               behaviour before; the study pins it): in steady traffic the
+    #                               gap never came (esmini's two_plus_one: 9 respawns in 600 s
+    #                               at dense)
     junction_chain: str = "queue"  # junctions joined by a link shorter than tables.LINK_SHORT m
     #                                (a roundabout's ring, two junctions a few metres apart):
     #                                queue: a vehicle on such a link asks first for its way through
@@ -192,7 +199,7 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
                  "wait_cycle_break": "first", "lane_change_place": "scale",
                  "detector_reach": "lane", "junction_chain": "none",
-                 "lane_change_follower": "lane"}
+                 "lane_change_follower": "lane", "merge_yield": "none"}
 
 
 # the values of TrafficParams.ego_behind
@@ -208,6 +215,8 @@ LANE_CHANGE_PLACE = ("project", "scale")
 DETECTOR_REACH = ("upstream", "lane")
 JUNCTION_CHAIN = ("queue", "none")
 LANE_CHANGE_FOLLOWER = ("entering", "lane")
+# the values of TrafficParams.merge_yield
+MERGE_YIELD = ("closing", "none")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.walker_velocity
@@ -272,7 +281,8 @@ class SimConfig:
                            ("lane_change_place", LANE_CHANGE_PLACE),
                            ("detector_reach", DETECTOR_REACH),
                            ("junction_chain", JUNCTION_CHAIN),
-                           ("lane_change_follower", LANE_CHANGE_FOLLOWER)):
+                           ("lane_change_follower", LANE_CHANGE_FOLLOWER),
+                           ("merge_yield", MERGE_YIELD)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

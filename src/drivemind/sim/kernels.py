@@ -12,6 +12,7 @@ import numba as nb
 import numpy as np
 
 INF = 1e9
+MERGE_ROOM = 1.0  # m: the room a vehicle letting another in (traffic.merge_yield) leaves beyond s0
 EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
 WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
 NO_BLOCKER = -1  # codes of traffic_step's ``blocker`` other than a vehicle's index
@@ -514,6 +515,9 @@ def traffic_step(
     # each link lane's link (-1: none), the first and last link lane after a junction lane, the
     # room to queue on a way through past its crossings
     link_id, via, store, short_empty,
+    # traffic.merge_yield: per vehicle, the lane beside it that it asks to be let into because
+    # its own closes ahead (:func:`lane_changes`; -1: none), and whether followers there let it in
+    merge_lane, merge_yield,
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
@@ -894,6 +898,24 @@ def traffic_step(
                         gap = g
                         vl = v[j]
                         src = j
+        # (merge_yield) a vehicle beside us, ahead, whose lane closes and that asks to move over
+        # onto ours: let it in (a leader where it would be on our lane, MERGE_ROOM m further on)
+        # when we can stop for it comfortably; else it waits for the next gap. Without this, a
+        # car standing at a lane drop waited for a gap in steady traffic that never came
+        # (esmini's two_plus_one: 9 respawns in 600 s at dense)
+        if merge_yield:
+            for j in range(n):
+                if merge_lane[j] != lane[i] or j == i:
+                    continue
+                sj = _place_beside(offset, ds, length, pts, yaw, lane[j], s[j], 0.0, lane[i],
+                                   lc_project)
+                g = sj - s[i] - hl[j] - hl[i] - MERGE_ROOM
+                # already too close for it to come in (MOBIL wants s0 behind it): we go first
+                if g + MERGE_ROOM < s0 or g >= gap or v[i] * v[i] > 2.0 * bcomf[i] * g:
+                    continue
+                gap = g
+                vl = v[j]
+                src = j
         # the ego on the path (by its lane) and by geometry
         if ego_lane >= 0:
             cum = -s[i]
@@ -1223,7 +1245,7 @@ def _taper_ahead(taper_stop, offset, ds, li, s):
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
                  right_same, lane_vmax, taper_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
-                 threshold, b_safe, xy, project, entering):
+                 threshold, b_safe, xy, project, entering, merge_lane, merge_reach):
     """MOBIL lane changes on multi-lane roads (Kesting, Treiber & Helbing 2007): a vehicle moves
     to a neighbouring lane of its direction when its IDM acceleration there beats the present one
     by ``threshold`` plus ``politeness`` times what it costs the new follower, and the new
@@ -1231,13 +1253,30 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
     seconds of a junction, never with a junction grant, at most once per 4 s. A standing leader
     makes the present acceleration strongly negative, so vehicles pass stopped ones where a lane
     is free. The vehicle keeps a lateral offset that it drives off at up to 1 m/s; the follower on
-    the lane it left keeps it as a leader until it is across. Returns the number of changes."""
+    the lane it left keeps it as a leader until it is across. ``merge_lane`` (out): per
+    vehicle, the lane beside it that it asks to be let into because its own narrows within
+    ``merge_reach`` m ahead (a lane drop; traffic.merge_yield, read by :func:`traffic_step`;
+    -1: none; 0 m: nobody asks). Returns the number of changes."""
     n = lane.shape[0]
     K = path.shape[1]
     changes = 0
     for i in range(n):
         lc_timer[i] += dt
         li = lane[i]
+        merge_lane[i] = -1
+        if merge_reach > 0.0 and lat[i] == 0.0 and junction[li] < 0:
+            tsm = _taper_ahead(taper_stop, offset, ds, li, s[i])
+            if tsm - s[i] - hl[i] < merge_reach:
+                for side in range(2):
+                    nb_ = left[li] if side == 0 else right[li]
+                    same = left_same[li] if side == 0 else right_same[li]
+                    if nb_ < 0 or not same or junction[nb_] >= 0:
+                        continue
+                    st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
+                    # the lane beside stays open past where ours closes
+                    if _taper_ahead(taper_stop, offset, ds, nb_, st) - st > tsm - s[i] + 2.0 * hl[i]:
+                        merge_lane[i] = nb_
+                        break
         if lc_timer[i] < 4.0 or lat[i] != 0.0 or grant[i] >= 0 or junction[li] >= 0:
             continue
         rest = length[li] - s[i]

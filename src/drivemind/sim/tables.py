@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..maps.roadmap import RoadMap
+from ..maps.roadmap import MIN_SPAWN_WIDTH, RoadMap
 
 
 # traffic.junction_conflict='boxes': the box two ways through are tested with, the largest background
@@ -837,10 +837,14 @@ def traffic_successors(rm: RoadMap, max_gap: float = 2.5, min_cos: float = 0.9) 
     border). Traffic following the links would stop there for good, so a lane without successors
     gets the lanes starting within ``max_gap`` m of its end (the nearest ones, within 0.5 m of the
     nearest) heading the same way (cos of the heading difference above ``min_cos``). Lanes with
-    no such continuation stay dead ends."""
+    no such continuation stay dead ends, and so does a lane that closes up at its end (narrower
+    than ``MIN_SPAWN_WIDTH`` there: a lane drop, whose traffic moves over before it; taken as
+    continuing into the lane beside, esmini's multi_lanesections sent the expert's route along
+    the taper to its very end, where it stood across both lanes)."""
     L = rm.n_lanes
     lists = [list(rm.successors(i)) for i in range(L)]
-    dead = [i for i in range(L) if not lists[i]]
+    dead = [i for i in range(L) if not lists[i]
+            and rm.width[rm.offset[i + 1] - 1] >= MIN_SPAWN_WIDTH]
     if dead:
         first = rm.offset[:-1]
         starts, syaw = rm.pts[first], rm.yaw[first]

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 PATH_LEN = 6  # lanes of look-ahead each vehicle keeps
 LC_EVERY = 5  # steps between lane-change decisions (MOBIL at 2 Hz with dt = 0.1 s)
+MERGE_REACH = 40.0  # m before the point where its lane narrows from which a vehicle asks to be
+#                    let into the lane beside (traffic.merge_yield)
 CYCLE_EVERY = 10  # steps between looks for waits-for cycles (1 Hz with dt = 0.1 s)
 _NO_CLEAR = np.zeros(0)  # the clear-point table the kernel gets when junction_release reads none
 RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is put back at (a car's
@@ -262,6 +264,7 @@ class LiteWorld:
         self.v_lat = np.zeros(n)  # m off the lane centre (right +) while changing lanes
         self.v_lcfrom = np.full(n, -1, np.int64)  # lane it is changing away from
         self.v_lctimer = np.zeros(n)  # s since its last lane change
+        self.v_merge = np.full(n, -1, np.int64)  # the lane beside it asks to be let into
         self.lane_change_total = 0
         # overtaking in the oncoming lane (kernels.overtakes): state (K.OTK_*), whom it passes,
         # the oncoming lane's centre sideways (right +), that lane, seconds since it began
@@ -346,6 +349,7 @@ class LiteWorld:
         self.v_v[i] = self.v_acc[i] = self.v_wait[i] = self.v_stuck[i] = 0.0
         self.v_grant[i], self.v_entered[i] = -1, False
         self.v_lat[i], self.v_lcfrom[i], self.v_lctimer[i] = 0.0, -1, 0.0
+        self.v_merge[i] = -1
         self.v_otk[i], self.v_otk_of[i], self.v_otk_lane[i] = K.OTK_OFF, -1, -1
         self._fill_path(i)
         x, y, h = rm.pose_at(int(self.v_lane[i]), float(self.v_s[i]))
@@ -558,7 +562,8 @@ class LiteWorld:
                 self.v_lat, self.v_lcfrom, self.v_lctimer, ego_xy, ego_lane,
                 ego_s, e["v"], self.rng.random(n), tp.idm_s0, tp.idm_T, tp.mobil_politeness,
                 tp.mobil_threshold, tp.mobil_b_safe, self.v_xy, tp.lane_change_place == "project",
-                tp.lane_change_follower == "entering")
+                tp.lane_change_follower == "entering", self.v_merge,
+                MERGE_REACH if tp.merge_yield == "closing" else 0.0)
         decide = self.frame % LC_EVERY == 0
         if n and self._overtake and (decide or self._otk_active):
             st, ab, self._otk_active = K.overtakes(
@@ -594,6 +599,7 @@ class LiteWorld:
                 tp.release_margin,
                 self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
                 self._link_id, self._via, self._store, self._chain,
+                self.v_merge, tp.merge_yield == "closing",
             )
             if m > self.npc_max_stuck_s:  # m: the longest standing time now
                 self.npc_max_stuck_s = m
