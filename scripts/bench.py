@@ -45,6 +45,12 @@ load: how the simulator's set-up scales with a town's size: seconds to load the 
      or a generated N x N lattice of 4-way junctions (--grid N), to build its traffic tables, its
      world and its first reset, ms per world step after that, and the process's peak memory.
 
+    python scripts/bench.py maps path/to/xodr-folder [more folders]
+
+maps: which OpenDRIVE files of some folders load through the loader (as a user's would), and
+     why the others do not: files, loaded, failed (file -> the error's first line), per_file
+     (lanes, lane_km, spawn_points, its map warnings by kind), warning_kinds (files per kind).
+
     python scripts/bench.py autopilot --town Town02 --density regular
 
 autopilot: the built-in autopilot on the town's 10 fixed evaluation routes (eval mode: one route
@@ -1740,6 +1746,45 @@ def grid_town_xodr(n: int, spacing: float = 80.0) -> str:
     return b.to_xodr()
 
 
+def bench_maps(args) -> dict:
+    """Which OpenDRIVE files of some folders load, and why the others do not: per file the lanes,
+    km of lane and spawn points it gives, or its error's first line; the MapWarnings per kind.
+    Every file goes through the loader as a user's would (the child-process check included)."""
+    import re
+    import warnings
+
+    from drivemind.maps.opendrive import load_xodr_file
+    from drivemind.maps.validate import MapWarning
+
+    files = sorted(p for d in args.dirs for p in Path(d).iterdir()
+                   if p.name.endswith((".xodr", ".xodr.xz", ".xodr.gz")))
+    if not files:
+        raise SystemExit(f"no .xodr files in {', '.join(args.dirs)}")
+    per_file, failed, kinds = {}, {}, {}
+    t0 = time.perf_counter()
+    for f in files:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                rm = load_xodr_file(f)
+            except Exception as exc:  # noqa: BLE001 - the point is to report every failure
+                failed[f.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                continue
+        found = []
+        for w in caught:
+            if issubclass(w.category, MapWarning):
+                # "<name> (<path>): <count> <kind>: <ids>" -> the kind
+                m = re.match(r".*?\): \d+ (.*?)(?: \(|:)", str(w.message))
+                kind = m.group(1) if m else str(w.message)[:80]
+                found.append(kind)
+                kinds[kind] = kinds.get(kind, 0) + 1
+        per_file[f.name] = {"lanes": int(rm.n_lanes), "lane_km": round(float(rm.length.sum()) / 1000, 3),
+                            "spawn_points": int(len(rm.spawn)), "warnings": found}
+    return {"what": "maps", "dirs": list(args.dirs), "files": len(files), "loaded": len(per_file),
+            "failed": failed, "warning_kinds": kinds, "per_file": per_file,
+            "wall_s": round(time.perf_counter() - t0, 1), **machine()}
+
+
 def bench_load(args) -> dict:
     """Seconds to load a town and build its traffic tables and world, and the memory it takes:
     how the simulator scales with a town's size (--grid N: a generated N x N lattice)."""
@@ -1832,6 +1877,9 @@ def main(argv=None):
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
+    p = sub.add_parser("maps", help="which OpenDRIVE files of some folders load, and why the others "
+                                    "do not (lanes, km, spawn points, map warnings per file)")
+    p.add_argument("dirs", nargs="+", help="folders holding .xodr / .xodr.xz / .xodr.gz files")
     p = sub.add_parser("load", help="seconds to load a town and build its traffic tables and world, "
                                     "and its memory: a town's size against the simulator's set-up")
     p.add_argument("--town", default="Town05")
@@ -2023,6 +2071,7 @@ def main(argv=None):
                                           "(scripts/bench_reward_service.py; its options follow)")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot, "load": bench_load,
+              "maps": bench_maps,
               "train": bench_train, "update": bench_update, "reward": bench_reward, "learn": bench_learn,
               "checkpoints": bench_checkpoints, "learn-summary": bench_learn_summary,
               "side-by-side": bench_side_by_side,

@@ -1,5 +1,5 @@
-"""scripts/bench.py's command line: its help, and `load` (how the simulator's set-up scales with a
-town's size)."""
+"""scripts/bench.py's command line: its help, `load` (how the simulator's set-up scales with a
+town's size) and `maps` (which OpenDRIVE files of a folder load)."""
 
 from __future__ import annotations
 
@@ -29,3 +29,22 @@ def test_bench_help_lists_every_subcommand(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "load" in out and "learn-summary" in out and "95 % intervals" in out
+
+
+def test_bench_maps_says_which_files_load_and_why_the_others_do_not(tmp_path):
+    """`bench.py maps DIR` (docs/benchmarks.md, stop 53): every OpenDRIVE file of a folder through
+    the loader, the lanes of those that load, the first line of the others' errors, and the
+    map warnings by kind."""
+    from script_loader import load_script
+    from test_map_quirks import HEAD, _lane, _road, _section
+
+    (tmp_path / "good.xodr").write_text(
+        HEAD + _road([_section(0, [_lane(-1)])], geometry='<arc curvature="0"/>') + "</OpenDRIVE>")
+    (tmp_path / "bad.xodr").write_text("<OpenDRIVE></OpenDRIVE>")
+    (tmp_path / "notes.txt").write_text("not a map")
+    out = load_script("bench").main(["maps", str(tmp_path)])
+    assert out["files"] == 2 and out["loaded"] == 1
+    assert list(out["failed"]) == ["bad.xodr"] and "no <road>" in out["failed"]["bad.xodr"]
+    assert out["per_file"]["good.xodr"]["lanes"] == 1
+    assert out["per_file"]["good.xodr"]["warnings"] == ["arcs of zero curvature read as lines"]
+    assert out["warning_kinds"] == {"arcs of zero curvature read as lines": 1}
