@@ -68,7 +68,7 @@ def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[s
     """Remove from ``records`` every successor link whose lane starts more than ``max_gap`` m from
     the end of the lane that links to it, and every link of a lane to itself unless the lane is
     a ring (its start within ``FAR_SUCCESSOR`` m of its end, ``MIN_LOOP`` m long at least), and
-    describe each one removed.
+    return each one removed as ``(lane key, successor key, gap in m)``.
 
     The native parser gives such links for roads that end open (it links the lane to itself, the
     whole road's length away: a straight highway's lanes "continue" at their own start) and for
@@ -86,7 +86,7 @@ def drop_broken_successors(records, max_gap: float = BROKEN_SUCCESSOR) -> list[s
                                                  or _length(ends[s]) < MIN_LOOP))]
     for r, s, _ in far:
         r.successors = [t for t in r.successors if t != s]
-    return [_link(r.key, s, gap) for r, s, gap in far]
+    return [(r.key, s, gap) for r, s, gap in far]
 
 
 def _successor_gaps(records, ends: dict):
@@ -141,13 +141,15 @@ def kinked_centre_line(points, min_turn_deg: float = KINK) -> bool:
 
 
 def find_issues(records, text: str | None = None, short: dict | None = None,
-                dropped: list[str] | None = None, arcs: list[str] | None = None,
+                dropped: list | None = None, arcs: list[str] | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
-    dropped" (``dropped``, from :func:`drop_broken_successors`), "spirals of constant curvature
+    dropped" (``dropped``, from :func:`drop_broken_successors`; a lane's link to itself only where
+    the file links its road to itself: the parser links a lane to itself where its road ends
+    open, which is no defect of the file), "spirals of constant curvature
     read as arcs" (``arcs``, from :func:`drivemind.maps.opendrive.constant_spirals_as_arcs`),
     "arcs of zero curvature read as lines" (``lines``, from
     :func:`drivemind.maps.opendrive.flat_arcs_as_lines`), "lanes with points the parser puts
@@ -161,6 +163,13 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     ``records``: the loader's lane records; ``short``: lanes it spliced out for being shorter than
     one sample step, with their length (``{key: metres}``); ``text``: the OpenDRIVE XML."""
     issues: dict[str, list[str]] = {}
+    if dropped and text is not None:
+        # the parser's own link of a lane to itself at a road that ends open is no defect of the
+        # file (its road links nowhere there): said only where the file links the road to itself
+        own = _self_linked_roads(text)
+        dropped = [d for d in dropped
+                   if isinstance(d, str) or d[0] != d[1] or str(d[0][0]) in own]
+    dropped = [d if isinstance(d, str) else _link(*d) for d in dropped or []]
     if dropped:
         issues[f"successor links dropped, each starting over {BROKEN_SUCCESSOR} m from the lane's end "
                f"or linking a lane that is no ring to itself (traffic and routes would jump "
@@ -215,6 +224,24 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
         if root is not None:
             _xml_issues(root, lane_junctions, issues)
     return issues
+
+
+def _self_linked_roads(text: str) -> set[str]:
+    """Ids of the roads whose own ``<link>`` names them as their predecessor or successor."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return set()
+    out = set()
+    for road in root.iter():
+        if not (isinstance(road.tag, str) and road.tag.rsplit("}", 1)[-1] == "road"):
+            continue
+        for el in road.iter():
+            tag = el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
+            if (tag in ("predecessor", "successor") and el.get("elementType") == "road"
+                    and el.get("elementId") == road.get("id")):
+                out.add(str(road.get("id")))
+    return out
 
 
 def level_crossings(records, near: float = 0.5, min_turn_deg: float = 20.0,
@@ -320,7 +347,7 @@ def _has_driving(root, connections) -> bool:
 
 
 def warn_issues(records, text: str | None, where: str, short: dict | None = None,
-                dropped: list[str] | None = None, arcs: list[str] | None = None,
+                dropped: list | None = None, arcs: list[str] | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
