@@ -111,3 +111,20 @@ def test_a_route_starting_on_a_lane_drop_moves_over_at_once():
     assert route.pts[0, 1] == pytest.approx(3.5)
     assert route.pts[route.pts[:, 1] > 3.0, 0].max() < 162.0  # off the closing lane at once
     assert np.abs(route.pts[route.pts[:, 0] > 169.0, 1]).max() < 0.1  # across within 9 m
+
+
+def test_a_route_moves_over_before_a_lane_drop_the_map_links_on():
+    """The closing lane linked on to the lane it merges into (esmini's two_plus_one links its
+    passing lane's taper on to the lane beyond): a route changes lanes before the lane narrows
+    instead of following the link along the taper, where the expert stood across the lane
+    coming the other way (two_plus_one dense: 9 respawns; 0 with this)."""
+    a = _lane((1, 0, -1), 0, 200, succ=[(2, 0, -1)])
+    b = _lane((1, 0, -2), 0, 200, y=3.5, width=_closing, succ=[(2, 0, -1)])
+    a.right, b.left = b.key, a.key
+    linked = build_roadmap("lane_drop_linked", [a, b, _lane((2, 0, -1), 200, 1000)])
+    ix = linked.key_index
+    lb = ix[(1, 0, -2)]
+    assert list(linked.successors(lb)) == [ix[(2, 0, -1)]]
+    route = plan_route(linked, (lb, 20.0), (ix[(2, 0, -1)], 200.0))
+    assert route.pts[route.pts[:, 1] > 3.0, 0].max() < 160.0  # off before it narrows (x = 164)
+    assert np.abs(route.pts[route.pts[:, 0] > 170.0, 1]).max() < 0.1

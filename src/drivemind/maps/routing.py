@@ -22,6 +22,7 @@ class RouteError(MapError):
 
 
 LANE_CHANGE_GAP = 8.0  # metres travelled while changing lane
+CLOSED_END_COST = 1000.0  # m a route pays to go on through a lane's end where it has closed up
 # where a route changes lanes (plan_route's lane_changes): spread: n changes in a row over one
 # stretch at 1/(n+1), 2/(n+1), ... of it (one change: its middle); middle: each at the middle of
 # what is left of the stretch (the second of two at three quarters, close to the next junction:
@@ -137,7 +138,12 @@ def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *
         lane = l0 if node == START else node
         if lane == lg and node != START:
             break  # popped with f = true cost (h is 0 on the goal lane in the adjusted key)
-        edges = [(int(n), rm.length[n], "succ") for n in rm.successors(lane)]
+        # on through a lane's end where it has closed up (a lane drop the file links on to the
+        # lane it merges into: esmini's two_plus_one) only where no change before it leads there:
+        # the expert followed such a link along the taper and stood in it, across the lane
+        # coming the other way
+        shut = CLOSED_END_COST if rm.width[rm.offset[lane + 1] - 1] < MIN_SPAWN_WIDTH else 0.0
+        edges = [(int(n), rm.length[n] + shut, "succ") for n in rm.successors(lane)]
         edges += [(nb, lane_change_cost, "change") for nb in _change_targets(rm, lane)]
         for nxt, cost, kind in edges:
             if nxt == START:
