@@ -128,3 +128,53 @@ def test_a_route_moves_over_before_a_lane_drop_the_map_links_on():
     route = plan_route(linked, (lb, 20.0), (ix[(2, 0, -1)], 200.0))
     assert route.pts[route.pts[:, 1] > 3.0, 0].max() < 160.0  # off before it narrows (x = 164)
     assert np.abs(route.pts[route.pts[:, 0] > 170.0, 1]).max() < 0.1
+
+
+@pytest.mark.parametrize("yield_", ["closing", "none"])
+def test_a_lane_closing_just_past_a_section_end_is_left_in_time(yield_):
+    """The lane narrows 5 m into the next lane section (scenariogeneration's
+    lane_number_change_merge: a 30 m section whose outer lane closes). A car at 8 m/s on the
+    closing lane, 60 m before the section's end, beside a stream on the through lane. With
+    ``merge_yield: closing`` it sees the taper on its path's next lane, asks to be let over and
+    may move over near the section's end (MOBIL keeps off a lane's last 12 m otherwise), reading
+    the cars at the start of the next section too: it is across before the taper, with no
+    contact. With ``none`` it saw the taper only once on that lane, 5 m from it, where no change
+    is allowed, and stood there (10 respawns in 600 s at dense)."""
+    from drivemind.sim import kernels as K
+    from drivemind.sim.snapshot import ActorClass
+
+    def closing(xs):  # 3.0 m at x = 250, under 2.5 m from x = 255, nothing at x = 280
+        return np.clip(3.0 * (280.0 - xs) / 30.0, 0.0, 3.0)
+
+    a1, a2 = _lane((1, 0, -1), 0, 250, succ=[(1, 1, -1)]), _lane((1, 1, -1), 250, 280, succ=[(1, 2, -1)])
+    b1, b2 = _lane((1, 0, -2), 0, 250, y=3.5, succ=[(1, 1, -2)]), _lane((1, 1, -2), 250, 280, y=3.5,
+                                                                       width=closing)
+    a1.right, b1.left, a2.right, b2.left = b1.key, a1.key, b2.key, a2.key
+    rm = build_roadmap("late_taper", [a1, a2, b1, b2, _lane((1, 2, -1), 280, 1000)])
+    ix = rm.key_index
+    stream = 8
+    world = LiteWorld(rm, SimConfig(vehicles=1 + stream, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, wait_cycle_after=None, merge_yield=yield_)))
+    world.reset(seed=0, ego_pose=(900.0, 80.0, 0.0))
+    for i in range(1 + stream):
+        if i == 0:
+            lane, s, path = ix[(1, 0, -2)], 190.0, [ix[(1, 0, -2)], ix[(1, 1, -2)]]
+        else:
+            lane, s = ix[(1, 0, -1)], 200.0 - 14.0 * i
+            path = [ix[(1, 0, -1)], ix[(1, 1, -1)], ix[(1, 2, -1)]]
+        world.v_cls[i] = int(ActorClass.CAR)
+        world.v_hl[i], world.v_hw[i] = 2.3, 0.95
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = lane, s, 8.0, 1.0
+        world.v_vcap[i] = 8.0
+        world.v_path[i] = -1
+        world.v_path[i, :len(path)] = path
+        world.v_lctimer[i] = 10.0
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    contacts = 0
+    for _ in range(300):  # 30 s
+        contacts += len(world.step((0.0, -1.0)).collisions)
+    over = world.map.keys[world.v_lane[0]][2] == -1
+    assert contacts == 0 and world.npc_collision_total == 0
+    assert over == (yield_ == "closing")
+    if yield_ == "none":  # it stands where the lane narrows
+        assert world.v_v[0] < 0.1 and world.v_xy[0, 0] < 256.0

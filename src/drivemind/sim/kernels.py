@@ -13,6 +13,8 @@ import numpy as np
 
 INF = 1e9
 MERGE_ROOM = 1.0  # m: the room a vehicle letting another in (traffic.merge_yield) leaves beyond s0
+FORCED_LC_REACH = 30.0  # m past a lane's end within which a forced lane change (merge_yield) also
+#                      reads the vehicles on the lanes it leads to
 EGO_CIRCLES = 3  # circles covering the ego's box, as the traffic sees it
 WALKER_GIVE_UP = 3.0  # s a crossing walker waits in front of a vehicle before it turns back
 NO_BLOCKER = -1  # codes of traffic_step's ``blocker`` other than a vehicle's index
@@ -988,9 +990,10 @@ def traffic_step(
                 src = BLOCKED_LIGHT if light_block[i] else rej[i]
         # where the lane narrows ahead (a taper: it merges into its neighbour, or closes up):
         # nobody drives into it
-        ts = _taper_ahead(taper_stop, offset, ds, lane[i], s[i])
+        ts = _taper_on_path(taper_stop, offset, ds, length, path[i], lane[i], s[i],
+                            lookahead if merge_yield else 0.0)
         if ts < INF:
-            g = ts - s[i] - hl[i]
+            g = ts - hl[i]
             if g < gap:
                 gap = g
                 vl = 0.0
@@ -1234,6 +1237,30 @@ def _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, t
 
 
 @nb.njit(cache=True)
+def _taper_on_path(taper_stop, offset, ds, length, path_row, li, s, reach):
+    """Metres from arc length ``s`` of lane ``li`` to where its lane, or a lane of its path
+    (``path_row``, lane ``li`` first) starting within ``reach`` m, next becomes too narrow
+    (world.taper_stops); INF where none does. ``reach`` 0: lane ``li`` only (the rule before
+    traffic.merge_yield: a car saw a taper in the next lane section only once on it, too late to
+    move over, and MOBIL makes no change within a car's length of a lane's start)."""
+    ts = _taper_ahead(taper_stop, offset, ds, li, s)
+    if ts < INF:
+        return ts - s
+    cum = length[li] - s
+    for k in range(1, path_row.shape[0]):
+        if cum > reach:
+            break
+        l = path_row[k]
+        if l < 0:
+            break
+        t0 = taper_stop[offset[l]]
+        if t0 < INF:
+            return cum + t0
+        cum += length[l]
+    return INF
+
+
+@nb.njit(cache=True)
 def _taper_ahead(taper_stop, offset, ds, li, s):
     """Where lane ``li`` next becomes too narrow ahead of arc length ``s`` (world.taper_stops)."""
     n = offset[li + 1] - offset[li]
@@ -1265,8 +1292,8 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         li = lane[i]
         merge_lane[i] = -1
         if merge_reach > 0.0 and lat[i] == 0.0 and junction[li] < 0:
-            tsm = _taper_ahead(taper_stop, offset, ds, li, s[i])
-            if tsm - s[i] - hl[i] < merge_reach:
+            tsm = _taper_on_path(taper_stop, offset, ds, length, path[i], li, s[i], merge_reach)
+            if tsm - hl[i] < merge_reach:
                 for side in range(2):
                     nb_ = left[li] if side == 0 else right[li]
                     same = left_same[li] if side == 0 else right_same[li]
@@ -1274,22 +1301,30 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
                         continue
                     st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
                     # the lane beside stays open past where ours closes
-                    if _taper_ahead(taper_stop, offset, ds, nb_, st) - st > tsm - s[i] + 2.0 * hl[i]:
+                    if _taper_ahead(taper_stop, offset, ds, nb_, st) - st > tsm + 2.0 * hl[i]:
                         merge_lane[i] = nb_
                         break
         if lc_timer[i] < 4.0 or lat[i] != 0.0 or grant[i] >= 0 or junction[li] >= 0:
             continue
+        # near a lane's ends it keeps its lane (the next may be a junction's), unless it asks to
+        # be let over because its lane closes (merge_lane): then anywhere before the taper (a
+        # taper 5 m into a 30 m lane section: the first car stood at its start and the cars
+        # behind it at the end of the section before, none allowed to move over, and the lane
+        # beside stood letting them in; scenariogeneration's lane_number_change_merge)
+        forced = merge_lane[i] >= 0
         rest = length[li] - s[i]
-        if rest < 12.0 + 4.0 * v[i] or s[i] < 2.0 * hl[i]:
+        if not forced and (rest < 12.0 + 4.0 * v[i] or s[i] < 2.0 * hl[i]):
             continue
         v0 = _v0(vfac[i], vcap[i], lane_vmax[li])
         # present situation: leader on the lane path ahead (within this lane), and our follower
         ga, va, gb, vb, fb = _neighbours_on(lane, s, v, hl, n, li, s[i] + hl[i], i)
         if ego_lane == li and ego_s > s[i] and ego_s - s[i] - hl[i] - 2.5 < ga:
             ga, va = ego_s - s[i] - hl[i] - 2.5, ego_v
-        ts = _taper_ahead(taper_stop, offset, ds, li, s[i])
-        if ts - s[i] - hl[i] < ga:  # the lane narrows ahead (a taper): a standing obstacle
-            ga, va = ts - s[i] - hl[i], 0.0
+        # the lane (with merge_yield: or the next of its path) narrows ahead (a taper): a
+        # standing obstacle
+        ts = _taper_on_path(taper_stop, offset, ds, length, path[i], li, s[i], merge_reach)
+        if ts - hl[i] < ga:
+            ga, va = ts - hl[i], 0.0
         a_cur = _idm(v[i], v0, ga, va, amax[i], bcomf[i], s0, T)
         best_gain = threshold
         best = -1
@@ -1301,12 +1336,26 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
                 continue
             # where we would be on it (traffic.lane_change_place; we are on our centre line)
             st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
-            if length[nb_] - st < 12.0 + 4.0 * v[i]:
+            if not forced and length[nb_] - st < 12.0 + 4.0 * v[i]:
                 continue
             if _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, nb_, st,
                                hl[i] + s0, i, project):
                 continue  # one still moving out of that lane beside us (two would swap lanes)
             na, nva, nbk, nvb, nf = _neighbours_on(lane, s, v, hl, n, nb_, st + hl[i], i)
+            if forced and length[nb_] - st < 12.0 + 4.0 * v[i] + FORCED_LC_REACH:
+                # moving over near that lane's end: the vehicles at the start of the lanes it
+                # leads to are ahead of us too (a car let over 0.6 m before a section's end
+                # slid into one standing 3.5 m on, on the next section's lane)
+                room = length[nb_] - st
+                for q in range(succ.shape[1]):
+                    l2 = succ[nb_, q]
+                    if l2 < 0:
+                        break
+                    for j in range(n):
+                        if j != i and lane[j] == l2:
+                            g = room + s[j] - hl[j] - hl[i]
+                            if g < na:
+                                na, nva = g, v[j]
             if entering:
                 nbk, nvb, nf = _entering_behind(lane, s, v, hl, path, length, n, nb_, st + hl[i],
                                                 i, nbk, nvb, nf)
