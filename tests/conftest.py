@@ -68,3 +68,15 @@ def text():
     from drivemind.vlm import MiniLMTextEncoder
 
     return MiniLMTextEncoder()
+
+
+@pytest.fixture
+def fresh_verdicts(tmp_path, monkeypatch):
+    """An empty map-check verdict cache (drivemind.maps.native_check), in memory and on disk;
+    returns the folder its verdicts go to."""
+    from drivemind.maps import native_check
+
+    monkeypatch.setenv("DRIVEMIND_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(native_check.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(native_check, "_verdicts", {})
+    return tmp_path / "cache" / "map-check"

@@ -11,7 +11,6 @@ import warnings
 import numpy as np
 import pytest
 
-from drivemind.maps import native_check
 from drivemind.maps.opendrive import load_xodr_text
 from drivemind.maps.roadmap import MapError
 from drivemind.maps.validate import MapWarning
@@ -41,14 +40,6 @@ def _load(text, name="t"):
         warnings.simplefilter("always")
         rm = load_xodr_text(text, name, source=f"{name}.xodr")
     return rm, [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
-
-
-@pytest.fixture
-def fresh_verdicts(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRIVEMIND_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(native_check.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(native_check, "_verdicts", {})
-    return tmp_path / "cache" / "map-check"
 
 
 def _native_walk_dies(text: str) -> bool:

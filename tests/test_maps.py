@@ -278,14 +278,6 @@ CRASHING = (HEAD + _road(1, 0, [_section(0, '<successor id="-1"/>')],
             + "</OpenDRIVE>")
 
 
-@pytest.fixture
-def fresh_verdicts(tmp_path, monkeypatch):
-    monkeypatch.setenv("DRIVEMIND_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv(native_check.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(native_check, "_verdicts", {})
-    return tmp_path / "cache" / "map-check"
-
-
 def test_file_that_crashes_the_parser_gives_one_error_naming_it(tmp_path, fresh_verdicts, monkeypatch):
     # the input really kills a process that parses it
     child = subprocess.run([sys.executable, "-c", "import sys, carla; carla.Map('x', sys.stdin.read())"],

@@ -90,6 +90,22 @@ def _attrs(tag_text: str) -> dict[str, str]:
             for m in _ATTR.finditer(tag_text)}
 
 
+def _tags_before(text: str):
+    """``last_before(pattern, pos)``: the attributes of the last tag of ``pattern`` (``_ROAD``,
+    ``_GEOMETRY``) opened before ``pos`` in ``text`` ({} where none is)."""
+    found: dict = {}
+
+    def last_before(pattern, pos):
+        if pattern not in found:
+            tags = [(m.start(), m.group(0)) for m in pattern.finditer(text)]
+            found[pattern] = (tags, [at for at, _ in tags])
+        tags, starts = found[pattern]
+        k = bisect.bisect_right(starts, pos) - 1
+        return _attrs(tags[k][1]) if k >= 0 else {}
+
+    return last_before
+
+
 def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
     """``(text, rewritten)``: ``text`` with every ``<spiral>`` of constant curvature written as the
     ``<arc>`` it is (a ``<line>`` where the curvature is under ``STRAIGHT_CURVATURE``), and one
@@ -104,17 +120,11 @@ def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
     if "<spiral" not in text:
         return text, []
     rewritten: list[str] = []
-    geoms = [(m.start(), m.group(0)) for m in _GEOMETRY.finditer(text)]
-    roads = [(m.start(), m.group(0)) for m in _ROAD.finditer(text)]
-    geom_at, road_at = [at for at, _ in geoms], [at for at, _ in roads]
-
-    def last_before(items, starts, pos):  # the attributes of the last tag opened before pos
-        k = bisect.bisect_right(starts, pos) - 1
-        return _attrs(items[k][1]) if k >= 0 else {}
+    last_before = _tags_before(text)
 
     def repl(m: re.Match) -> str:
         a = _attrs(m.group(1))
-        g = last_before(geoms, geom_at, m.start())
+        g = last_before(_GEOMETRY, m.start())
         try:
             c0, c1 = float(a["curvStart"]), float(a["curvEnd"])
             length = float(g.get("length", "nan"))
@@ -124,7 +134,7 @@ def constant_spirals_as_arcs(text: str) -> tuple[str, list[str]]:
                 or abs(c1 - c0) * length * length >= SPIRAL_AS_ARC:
             return m.group(0)
         c = 0.5 * (c0 + c1)
-        road = last_before(roads, road_at, m.start()).get("id", "?")
+        road = last_before(_ROAD, m.start()).get("id", "?")
         rewritten.append(f"road {road} geometry s={float(g.get('s', 'nan')):.2f} (curvature {c:.4g})")
         return "<line/>" if abs(c) < STRAIGHT_CURVATURE else f'<arc curvature="{c!r}"/>'
 
@@ -149,9 +159,7 @@ def flat_arcs_as_lines(text: str) -> tuple[str, list[str]]:
     if "<arc" not in text:
         return text, []
     rewritten: list[str] = []
-    geoms = [(m.start(), m.group(0)) for m in _GEOMETRY.finditer(text)]
-    roads = [(m.start(), m.group(0)) for m in _ROAD.finditer(text)]
-    geom_at, road_at = [at for at, _ in geoms], [at for at, _ in roads]
+    last_before = _tags_before(text)
 
     def repl(m: re.Match) -> str:
         try:
@@ -160,9 +168,8 @@ def flat_arcs_as_lines(text: str) -> tuple[str, list[str]]:
             return m.group(0)  # malformed: left to the parser and its error
         if not abs(c) < STRAIGHT_CURVATURE:
             return m.group(0)
-        k, r = bisect.bisect_right(geom_at, m.start()) - 1, bisect.bisect_right(road_at, m.start()) - 1
-        g = _attrs(geoms[k][1]) if k >= 0 else {}
-        road = _attrs(roads[r][1]).get("id", "?") if r >= 0 else "?"
+        g = last_before(_GEOMETRY, m.start())
+        road = last_before(_ROAD, m.start()).get("id", "?")
         rewritten.append(f"road {road} geometry s={float(g.get('s', 'nan')):.2f}")
         return "<line/>"
 

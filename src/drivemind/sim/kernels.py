@@ -1237,6 +1237,17 @@ def _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, t
 
 
 @nb.njit(cache=True)
+def _side_lane(left, right, left_same, right_same, junction, li, side):
+    """The lane beside ``li`` (``side`` 0: left, 1: right) that a vehicle may change to: the
+    same direction, outside junctions; -1 where there is none."""
+    nb_ = left[li] if side == 0 else right[li]
+    same = left_same[li] if side == 0 else right_same[li]
+    if nb_ < 0 or not same or junction[nb_] >= 0:
+        return -1
+    return nb_
+
+
+@nb.njit(cache=True)
 def _taper_on_path(taper_stop, offset, ds, length, path_row, li, s, reach):
     """Metres from arc length ``s`` of lane ``li`` to where its lane, or a lane of its path
     (``path_row``, lane ``li`` first) starting within ``reach`` m, next becomes too narrow
@@ -1295,9 +1306,8 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
             tsm = _taper_on_path(taper_stop, offset, ds, length, path[i], li, s[i], merge_reach)
             if tsm - hl[i] < merge_reach:
                 for side in range(2):
-                    nb_ = left[li] if side == 0 else right[li]
-                    same = left_same[li] if side == 0 else right_same[li]
-                    if nb_ < 0 or not same or junction[nb_] >= 0:
+                    nb_ = _side_lane(left, right, left_same, right_same, junction, li, side)
+                    if nb_ < 0:
                         continue
                     st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
                     # the lane beside stays open past where ours closes
@@ -1330,9 +1340,8 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         best = -1
         best_s = 0.0
         for side in range(2):
-            nb_ = left[li] if side == 0 else right[li]
-            same = left_same[li] if side == 0 else right_same[li]
-            if nb_ < 0 or not same or junction[nb_] >= 0:
+            nb_ = _side_lane(left, right, left_same, right_same, junction, li, side)
+            if nb_ < 0:
                 continue
             # where we would be on it (traffic.lane_change_place; we are on our centre line)
             st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
