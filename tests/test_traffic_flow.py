@@ -583,3 +583,32 @@ def test_no_lane_change_just_in_front_of_a_car_entering_that_lane(follower):
     assert moved_before_it_passed == (follower == "lane")
     if follower == "entering":
         assert world.npc_collision_total == 0
+
+
+def test_a_walker_beyond_a_path_of_short_lane_sections_is_seen():
+    """A vehicle's path holds 6 lanes. Town06 chains lane sections of 1-3 m: six of them covered
+    2 m, and a car at 32 km/h saw a walker crossing in front of it 5 m before it (one contact in
+    1800 s at drivevlm). For the walker check the path is run on by each last lane's first way
+    on until it reaches the check's 36 m (`kernels._path_reaching`); a path that reaches that far
+    is used as it is."""
+    from drivemind.sim import kernels as K
+
+    chain = [_lane((k + 1, 0, -1), 2.0 * k, 2.0 * k + 2.0, succ=[(k + 2, 0, -1)]) for k in range(8)]
+    rm = build_roadmap("short_sections", chain + [_lane((9, 0, -1), 16.0, 216.0)])
+    ix = rm.key_index
+    sim = LiteWorld(rm, SimConfig(vehicles=1, offroad_margin=None))
+    m = sim._m  # offset, ds, length, pts, yaw
+    succ = traffic_successors(rm)
+    row = np.array([ix[(k + 1, 0, -1)] for k in range(6)], np.int64)  # 12 m of path
+    walker = np.array([[30.0, 0.0]])
+    radius = np.array([0.9])
+    blind = K._corridor_gap(*m, row, 0.0, 2.3, 0.95, walker, radius, 36.0, 1.0)
+    out = np.full(4 * len(row), -1, np.int64)
+    run_on = K._path_reaching(row, succ, m[2], 0.0, 36.0, out)
+    seen = K._corridor_gap(*m, run_on, 0.0, 2.3, 0.95, walker, radius, 36.0, 1.0)
+    assert blind >= K.INF
+    assert seen == pytest.approx(30.0 - 2.25 - 2.3 - 0.9, abs=1.1)  # first within 2.25 m of it
+    assert [rm.keys[lane] for lane in run_on[run_on >= 0]][-1] == (9, 0, -1)
+    # a path long enough already comes back as it is
+    long_row = np.array([ix[(9, 0, -1)], -1, -1, -1, -1, -1], np.int64)
+    assert K._path_reaching(long_row, succ, m[2], 0.0, 36.0, out) is long_row
