@@ -48,7 +48,7 @@ load: how the simulator's set-up scales with a town's size: seconds to load the 
     python scripts/bench.py maps path/to/xodr-folder [more folders]
 
 maps: which OpenDRIVE files of some folders load through the loader (as a user's would), and
-     why the others do not: files, loaded, failed (file -> the error's first line), per_file
+     why the others do not: files, loaded, failed ("folder/file" -> the error's first line), per_file
      (lanes, lane_km, spawn_points, its map warnings by kind), warning_kinds (files per kind).
 
     python scripts/bench.py autopilot --town Town02 --density regular
@@ -1763,12 +1763,13 @@ def bench_maps(args) -> dict:
     per_file, failed, kinds = {}, {}, {}
     t0 = time.perf_counter()
     for f in files:
+        key = f"{f.parent.name}/{f.name}"  # two folders may hold files of one name
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 rm = load_xodr_file(f)
             except Exception as exc:  # noqa: BLE001 - the point is to report every failure
-                failed[f.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 continue
         found = []
         for w in caught:
@@ -1778,7 +1779,7 @@ def bench_maps(args) -> dict:
                 kind = m.group(1) if m else str(w.message)[:80]
                 found.append(kind)
                 kinds[kind] = kinds.get(kind, 0) + 1
-        per_file[f.name] = {"lanes": int(rm.n_lanes), "lane_km": round(float(rm.length.sum()) / 1000, 3),
+        per_file[key] = {"lanes": int(rm.n_lanes), "lane_km": round(float(rm.length.sum()) / 1000, 3),
                             "spawn_points": int(len(rm.spawn)), "warnings": found}
     return {"what": "maps", "dirs": list(args.dirs), "files": len(files), "loaded": len(per_file),
             "failed": failed, "warning_kinds": kinds, "per_file": per_file,

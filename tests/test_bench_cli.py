@@ -43,8 +43,9 @@ def test_bench_maps_says_which_files_load_and_why_the_others_do_not(tmp_path):
     (tmp_path / "bad.xodr").write_text("<OpenDRIVE></OpenDRIVE>")
     (tmp_path / "notes.txt").write_text("not a map")
     out = load_script("bench").main(["maps", str(tmp_path)])
+    good, bad = f"{tmp_path.name}/good.xodr", f"{tmp_path.name}/bad.xodr"
     assert out["files"] == 2 and out["loaded"] == 1
-    assert list(out["failed"]) == ["bad.xodr"] and "no <road>" in out["failed"]["bad.xodr"]
-    assert out["per_file"]["good.xodr"]["lanes"] == 1
-    assert out["per_file"]["good.xodr"]["warnings"] == ["arcs of zero curvature read as lines"]
+    assert list(out["failed"]) == [bad] and "no <road>" in out["failed"][bad]
+    assert out["per_file"][good]["lanes"] == 1
+    assert out["per_file"][good]["warnings"] == ["arcs of zero curvature read as lines"]
     assert out["warning_kinds"] == {"arcs of zero curvature read as lines": 1}
