@@ -807,6 +807,12 @@ def traffic_step(
     wbuf = np.empty((2 * walker_xy.shape[0], 2))
     wrad = np.full(2 * walker_xy.shape[0], 0.9)
     pext = np.full(PATH_EXTEND * K, -1, np.int64)  # a path run on for the walker check
+    asking = False  # (merge_yield) anyone asking to be let over this step
+    if merge_yield:
+        for j in range(n):
+            if merge_lane[j] >= 0:
+                asking = True
+                break
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -907,7 +913,7 @@ def traffic_step(
         # when we can stop for it comfortably; else it waits for the next gap. Without this, a
         # car standing at a lane drop waited for a gap in steady traffic that never came
         # (esmini's two_plus_one: 9 respawns in 600 s at dense)
-        if merge_yield:
+        if asking:
             for j in range(n):
                 if merge_lane[j] != lane[i] or j == i:
                     continue
