@@ -152,3 +152,29 @@ def test_points_the_parser_puts_nowhere_are_left_out_and_named():
     assert all(i not in list(rm.successors(i)) for i in range(rm.n_lanes))
     [msg] = [m for m in msgs if "puts nowhere" in m]
     assert "1 lanes with points" in msg and "road 1 lane 1" in msg
+
+
+def test_a_junction_lane_over_another_road_is_named():
+    """A junction's connecting lane that runs over the last metres of an approach road it does
+    not come from or go to (scenariogeneration's junction_trippel_twoway: the cars queued there
+    stood in the way of the turn, 35-47 NPC contacts in 600 s) is named in a MapWarning; a lane
+    merging with it (the same lane after both) or far enough from it is not."""
+    from drivemind.maps.roadmap import LaneRecord
+    from drivemind.maps.validate import junction_overlaps
+
+    def rec(key, xs, ys, junction=-1, succ=()):
+        n = len(xs)
+        return LaneRecord(key=key, points=np.stack([xs, ys], 1).astype(float), width=np.full(n, 3.5),
+                          mark_left=np.zeros(n, np.uint8), mark_right=np.zeros(n, np.uint8),
+                          junction=junction, successors=list(succ))
+
+    approach = rec((6, 0, 1), np.linspace(100, 0, 201), np.zeros(201), succ=[(5, 0, 1)])
+    over = rec((1, 0, 1), np.linspace(20, -20, 81), np.linspace(-2.0, -6.0, 81), junction=7,
+               succ=[(0, 0, 1)])
+    assert junction_overlaps([approach, over]) == ["road 1 lane 1 over road 6 lane 1"]
+    merging = rec((1, 0, 1), np.linspace(20, -20, 81), np.linspace(-2.0, -6.0, 81), junction=7,
+                  succ=[(5, 0, 1)])
+    apart = rec((1, 0, 1), np.linspace(20, -20, 81), np.linspace(-3.0, -7.0, 81), junction=7,
+                succ=[(0, 0, 1)])
+    assert junction_overlaps([approach, merging]) == []
+    assert junction_overlaps([approach, apart]) == []
