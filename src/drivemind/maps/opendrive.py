@@ -7,17 +7,21 @@ parses OpenDRIVE without a server; a live server's ``world.get_map()`` returns t
 The native parser can crash the process (a segmentation fault) on some malformed files, with no
 message. So a text is first parsed, and its lanes walked exactly as the loader walks them, in a
 child process (:mod:`drivemind.maps.native_check`); a crash there becomes one :class:`MapError`
-naming the file. The verdict is cached per content hash, so a file costs the child process once.
+naming the file, unless a second child walking the lanes a step at a time finishes (carla's
+``next_until_lane_end`` dies on lanes that end inside their road): then the loader walks them so
+too. The verdict is cached per content hash, so a file costs the child process once.
 After loading, :mod:`drivemind.maps.validate` warns about dangling links, zero-length lanes and
 junctions without connecting lanes, naming road and lane ids.
 
-Two defects of the native parser are worked around in the text before it parses. A ``<spiral>`` whose
+Defects of the native parser are worked around in the text before it parses. A ``<spiral>`` whose
 curvature does not change (``curvStart == curvEnd``, an arc written as a clothoid, as some editors
 export junction turns) is drawn as a straight line by carla 0.9.16, so the lanes after it jump
 back to where the file puts the next piece; :func:`constant_spirals_as_arcs` writes such a piece as
 the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote. The roads leading into a
 junction that shares its id with a road are mislinked; :func:`junction_ids_apart` gives such a
-junction an id of its own, and the loader says which it renumbered.
+junction an id of its own, and the loader says which it renumbered. An ``<arc>`` of zero curvature
+gives NaN lane points (:func:`flat_arcs_as_lines` writes it as a line), and lanes of OpenDRIVE's
+ramp types are typed driving (:func:`ramp_lanes_as_driving`: the API walks driving lanes only).
 """
 
 from __future__ import annotations
