@@ -143,7 +143,7 @@ def kinked_centre_line(points, min_turn_deg: float = KINK) -> bool:
 
 
 def find_issues(records, text: str | None = None, short: dict | None = None,
-                dropped: list | None = None, arcs: list[str] | None = None,
+                dropped: list[tuple] | None = None, arcs: list[str] | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
@@ -165,29 +165,33 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     ``records``: the loader's lane records; ``short``: lanes it spliced out for being shorter than
     one sample step, with their length (``{key: metres}``); ``text``: the OpenDRIVE XML."""
     issues: dict[str, list[str]] = {}
-    if dropped and text is not None:
+    root = None
+    if text is not None:
+        try:
+            root = ET.fromstring(text)
+        except ET.ParseError:
+            pass
+    if dropped:
         # the parser's own link of a lane to itself at a road that ends open is no defect of the
         # file (its road links nowhere there): said only where the file links the road to itself
-        own = _self_linked_roads(text)
-        dropped = [d for d in dropped
-                   if isinstance(d, str) or d[0] != d[1] or str(d[0][0]) in own]
-    dropped = [d if isinstance(d, str) else _link(*d) for d in dropped or []]
-    if dropped:
-        issues[f"successor links dropped, each starting over {BROKEN_SUCCESSOR} m from the lane's end "
-               f"or linking a lane that is no ring to itself (traffic and routes would jump "
-               f"there, or go round it for good)"] = list(dropped)
-    if arcs:
-        issues["spirals of constant curvature read as arcs (the CARLA parser draws them as straight "
-               "lines, and the lanes after them jump back)"] = list(arcs)
-    if lines:
-        issues["arcs of zero curvature read as lines (the CARLA parser divides by the curvature: "
-               "their lanes have no position)"] = list(lines)
-    if junctions:
-        issues["junctions sharing an id with a road, renumbered (the CARLA parser mislinks the "
-               "roads leading into such a junction)"] = list(junctions)
-    if nowhere:
-        issues["lanes with points the parser puts nowhere (NaN: a broken geometry record), those "
-               "points left out"] = list(nowhere)
+        own = _self_linked_roads(root) if root is not None else None
+        dropped = [_link(*d) for d in dropped
+                   if own is None or d[0] != d[1] or str(d[0][0]) in own]
+    # what the loader repaired or left out, each named as it reported it
+    for kind, found in (
+            (f"successor links dropped, each starting over {BROKEN_SUCCESSOR} m from the lane's "
+             f"end or linking a lane that is no ring to itself (traffic and routes would jump "
+             f"there, or go round it for good)", dropped),
+            ("spirals of constant curvature read as arcs (the CARLA parser draws them as straight "
+             "lines, and the lanes after them jump back)", arcs),
+            ("arcs of zero curvature read as lines (the CARLA parser divides by the curvature: "
+             "their lanes have no position)", lines),
+            ("junctions sharing an id with a road, renumbered (the CARLA parser mislinks the "
+             "roads leading into such a junction)", junctions),
+            ("lanes with points the parser puts nowhere (NaN: a broken geometry record), those "
+             "points left out", nowhere)):
+        if found:
+            issues[kind] = list(found)
     back = [_lane(r.key) for r in records if broken_centre_line(r.points)]
     if back:
         issues["lanes whose centre line jumps or turns back (broken geometry: traffic on them "
@@ -223,13 +227,8 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
                f"{OVERLAP_NEAR} m of its centre line, more than {OVERLAP_END:.0f} m from its ends: "
                f"the cars queued there stand in the way of the turn)"] = over
     lane_junctions = {r.junction for r in records if r.junction >= 0 and r.key in usable}
-    if text is not None:
-        try:
-            root = ET.fromstring(text)
-        except ET.ParseError:
-            root = None
-        if root is not None:
-            _xml_issues(root, lane_junctions, issues)
+    if root is not None:
+        _xml_issues(root, lane_junctions, issues)
     return issues
 
 
@@ -308,12 +307,9 @@ def _heights(r, n: int):
     return z
 
 
-def _self_linked_roads(text: str) -> set[str]:
-    """Ids of the roads whose own ``<link>`` names them as their predecessor or successor."""
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        return set()
+def _self_linked_roads(root) -> set[str]:
+    """Ids of the roads whose own ``<link>`` names them as their predecessor or successor
+    (``root``: the parsed OpenDRIVE)."""
     out = set()
     for road in root.iter():
         if not (isinstance(road.tag, str) and road.tag.rsplit("}", 1)[-1] == "road"):
@@ -429,7 +425,7 @@ def _has_driving(root, connections) -> bool:
 
 
 def warn_issues(records, text: str | None, where: str, short: dict | None = None,
-                dropped: list | None = None, arcs: list[str] | None = None,
+                dropped: list[tuple] | None = None, arcs: list[str] | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
