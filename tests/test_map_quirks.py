@@ -137,6 +137,19 @@ def test_a_roadrunner_file_with_a_namespace_loads():
     assert rm.keys == [(1, 0, -1)] and rm.length[0] == pytest.approx(200.0, abs=0.6)
 
 
+@pytest.mark.parametrize("xmlns", ["", ' xmlns="http://www.opendrive.org"'])
+def test_the_checks_of_the_xml_read_a_namespaced_file_too(xmlns):
+    """A road linked to a road the file does not have is named, in a RoadRunner file (with a
+    namespace) as in a plain one: the XML checks looked up un-namespaced tags and found no road
+    at all in the first."""
+    text = (HEAD + _road([_section(0, [_lane(-1)])],
+                         link='<successor elementType="road" elementId="99" contactPoint="start"/>')
+            + "</OpenDRIVE>").replace("<OpenDRIVE>", f"<OpenDRIVE{xmlns}>")
+    _, msgs = _load(text, "dangling" + ("_ns" if xmlns else ""))
+    [msg] = [m for m in msgs if "dangling road links" in m]
+    assert "road 1 successor -> road 99 (no such road)" in msg
+
+
 def test_points_the_parser_puts_nowhere_are_left_out_and_named():
     """A geometry record with no coefficients (<paramPoly3/> at a road's end, as in CommonRoad's
     straight_road_default) gives a NaN first point to the lane driven from that end: the load

@@ -307,7 +307,10 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     so a file that crashes the native parser gives a MapError instead of killing this process.
     ``validate``: warn (:class:`drivemind.maps.validate.MapWarning`) about network defects.
     Successor links that start far from their lane's end are dropped either way
-    (:func:`drivemind.maps.validate.drop_broken_successors`).
+    (:func:`drivemind.maps.validate.drop_broken_successors`), and a road's end that a junction's
+    lanes run over is joined to the junction (:func:`drivemind.maps.validate.join_overlapped_ends`),
+    and junctions whose lanes cross are merged
+    (:func:`drivemind.maps.validate.merge_overlapping_junctions`).
 
     The lane records a text of RECORDS_CACHE_MIN characters or more gives are cached on disk
     (``$DRIVEMIND_CACHE/map-records``, keyed by the text, the sampling, the ``carla`` version and
@@ -334,13 +337,20 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
         records, landmarks, short = carla_lane_records(cmap, name=name, source=source,
                                                        sample=sample, walk=walk)
         _write_records(cache, (records, landmarks, short))
-    from .validate import drop_broken_successors, drop_points_nowhere, warn_issues
+    from .validate import (drop_broken_successors, drop_points_nowhere, join_overlapped_ends,
+                           merge_overlapping_junctions, warn_issues)
 
     nowhere = drop_points_nowhere(records)
     dropped = drop_broken_successors(records)
+    # junctions whose lanes cross are one; a road's end under a junction's lanes joins it (which
+    # may make two junctions cross: CommonRoad's USA_Lanker)
+    merged = merge_overlapping_junctions(records)
+    joined = join_overlapped_ends(records)
+    merged += merge_overlapping_junctions(records)
     if validate:
         warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
-                    lines=lines, junctions=junctions, nowhere=nowhere)
+                    lines=lines, junctions=junctions, nowhere=nowhere, joined=joined,
+                    merged=merged)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 
