@@ -21,7 +21,14 @@ class RouteError(MapError):
     """No route: the goal is unreachable, or no acceptable route could be sampled."""
 
 
-LANE_CHANGE_GAP = 8.0  # metres travelled while changing lane
+LANE_CHANGE_GAP = 8.0  # metres travelled while changing lane (between lanes up to LANE_CHANGE_REF
+#                        apart)
+LANE_CHANGE_REF = 4.0  # m between two lanes' centre lines up to which a change takes
+#                        LANE_CHANGE_GAP; further apart, proportionally longer (the same angle:
+#                        across 8 m wide lanes an 8 m change ran at 45 degrees, and a car coming
+#                        up behind in the lane met the expert; scenariogeneration's
+#                        road_with_changing_lane_width). No lanes of the CARLA towns are over
+#                        3.84 m apart
 CLOSED_END_COST = 1000.0  # m a route pays to go on through a lane's end where it has closed up
 # where a route changes lanes (plan_route's lane_changes): spread: n changes in a row over one
 # stretch at 1/(n+1), 2/(n+1), ... of it (one change: its middle); middle: each at the middle of
@@ -190,16 +197,24 @@ def plan_route(rm: RoadMap, start: tuple[int, float], goal: tuple[int, float], *
                     r += 1
                 if chain[i + r][1] == "end":
                     end = min(la, sg * la / float(rm.length[lg]))
-            s_out = s_in + max(0.0, (end - s_in) / (r + 1) - LANE_CHANGE_GAP / 2)
-            if chain[i + 1][1] == "end":  # must be on the goal lane before the goal
-                s_out = min(s_out, max(s_in, sg * la / lb - LANE_CHANGE_GAP))
-            # up to where the route leaves the lane it changes to (the goal, or its end)
-            e_b = sg if chain[i + 1][1] == "end" else (lb if chain[i + 1][1] == "succ" else None)
-            s_out = _open_change(rm, lane, nxt, s_in, s_out, e_b,
-                                 sg * la / lb - LANE_CHANGE_GAP if chain[i + 1][1] == "end"
-                                 else la)
+
+            def place(gap):
+                s_out = s_in + max(0.0, (end - s_in) / (r + 1) - gap / 2)
+                if chain[i + 1][1] == "end":  # must be on the goal lane before the goal
+                    s_out = min(s_out, max(s_in, sg * la / lb - gap))
+                # up to where the route leaves the lane it changes to (the goal, or its end)
+                e_b = sg if chain[i + 1][1] == "end" else (lb if chain[i + 1][1] == "succ" else None)
+                return _open_change(rm, lane, nxt, s_in, s_out, e_b,
+                                    sg * la / lb - gap if chain[i + 1][1] == "end" else la, gap)
+
+            gap = LANE_CHANGE_GAP
+            s_out = place(gap)
+            wide = _change_length(rm, lane, nxt, s_out, lb / la)
+            if wide > gap:  # lanes far apart where it changes: a longer change, placed again
+                gap = wide
+                s_out = place(gap)
             segments.append([lane, s_in, s_out])
-            s_in = min(lb, (s_out + LANE_CHANGE_GAP) * lb / la)
+            s_in = min(lb, (s_out + gap) * lb / la)
     segs = [(int(a), float(b), float(max(b, c))) for a, b, c in segments]
     return _segments_polyline(rm, segs, keep_empty=lane_changes == "spread")
 
@@ -210,8 +225,21 @@ def _thin(rm: RoadMap, lane: int) -> np.ndarray:
     return rm.s[o0:o1][rm.width[o0:o1] < MIN_SPAWN_WIDTH]
 
 
+def _change_length(rm: RoadMap, a: int, b: int, s: float, ratio: float) -> float:
+    """The travel (m) a change from lane ``a`` at ``s`` to lane ``b`` (at ``s * ratio``) takes:
+    ``LANE_CHANGE_GAP``, longer in proportion where the two lanes are over ``LANE_CHANGE_REF``
+    apart there or a standard change's length on."""
+    gap = LANE_CHANGE_GAP
+    far = 0.0
+    for d in (0.0, gap):  # across lane a's heading (the two lanes' points need not be abreast)
+        xa, ya, ha = rm.pose_at(a, min(s + d, float(rm.length[a])))
+        xb, yb, _ = rm.pose_at(b, min((s + d) * ratio, float(rm.length[b])))
+        far = max(far, abs(-(xb - xa) * math.sin(ha) + (yb - ya) * math.cos(ha)))
+    return gap * max(1.0, far / LANE_CHANGE_REF)
+
+
 def _open_change(rm: RoadMap, a: int, b: int, s_in: float, s_out: float, e_b: float | None,
-                 latest: float) -> float:
+                 latest: float, gap: float = LANE_CHANGE_GAP) -> float:
     """Where on lane ``a`` a change to lane ``b`` starts, given the placement ``s_out`` (which
     it keeps where it can): while still partly on ``a`` the route keeps off stretches where
     ``a`` closes up, and it lands on ``b`` past the last stretch where ``b`` closes up before
@@ -224,10 +252,10 @@ def _open_change(rm: RoadMap, a: int, b: int, s_in: float, s_out: float, e_b: fl
         return s_out
     la, lb = float(rm.length[a]), float(rm.length[b])
     margin = 2.0
-    lo, hi = s_in, min(latest, la - LANE_CHANGE_GAP)
+    lo, hi = s_in, min(latest, la - gap)
     after = thin_a[thin_a > s_in]
     if len(after):
-        hi = min(hi, float(after.min()) - margin - LANE_CHANGE_GAP)
+        hi = min(hi, float(after.min()) - margin - gap)
     if e_b is not None:
         before = thin_b[thin_b < e_b]
         if len(before):

@@ -47,6 +47,7 @@ PASS_OFFSET = 2.75  # m: the most we move over (inside the env's 3 m off-route l
 PASS_SIDE = 0.3  # m: planned side clearance to the actor we pass (less: no pass)
 PASS_BACK = 12.0  # m over which we move back in, ending this far past the standing actor + 3 m
 PASS_CLEAR = 10.0  # m past the end of the pass with no junction, stop line or lane change
+CHAIN_STEPS = 4  # lanes on along which the lane beside is still the one a lane change moves onto
 QUEUE_SPEED = 1.0  # m/s: a vehicle ahead in the lane we change to, slower than this, is joined
 #                    from behind rather than waited for (_lane_taken)
 WALKER_AHEAD = 1.5  # s: we keep clear of where a walker on the move will be this soon (as the
@@ -502,6 +503,32 @@ class Autopilot:
             out = out + side * np.clip((np.asarray(s) - c0) / max(c1 - c0, 1e-9), 0.0, 1.0)
         return out
 
+    def _beside_spacing(self, k: int, side: float, target: int) -> float | None:
+        """The spacing (m) of the route's lane at route point ``k`` and the lane beside it on the
+        side of ``side`` (+ right), from their widths there: half the one plus half the other,
+        where that lane is ``target`` or leads into it within CHAIN_STEPS lanes (None: no such
+        lane)."""
+        rm, r = self.map, self.route
+        lane = int(r.lanes[k])
+        nb, same = (rm.right[lane], rm.right_same_dir[lane]) if side > 0 else (
+            rm.left[lane], rm.left_same_dir[lane])
+        if nb < 0 or not same:
+            return None
+        ahead, found = {int(nb)}, int(nb) == target
+        for _ in range(CHAIN_STEPS):
+            if found:
+                break
+            ahead = {int(s) for a in ahead for s in rm.successors(a)}
+            found = target in ahead
+        if not found:
+            return None
+        half = 0.0
+        for L in (lane, int(nb)):
+            o0, o1 = int(rm.offset[L]), int(rm.offset[L + 1])
+            m = int(np.argmin(np.hypot(rm.pts[o0:o1, 0] - r.pts[k, 0], rm.pts[o0:o1, 1] - r.pts[k, 1])))
+            half += 0.5 * float(rm.width[o0 + m])
+        return half
+
     def _lane_taken(self, snap, here, side, c0, c1, join: bool = False) -> bool:
         """A vehicle in the lane ``side`` m beside ours (+ right) overlaps our route's stretch
         c0..c1 (arc lengths), or comes up from behind too close to it. ``join`` (a lane change of
@@ -534,6 +561,19 @@ class Autopilot:
             # diagonally over, the lane comes closer; over an earlier change of a chain of them
             # (a route starting with two in 15 m), the lane is further than one lane over
             want = self._route_shift(c1) - self._route_shift(along)
+            # behind the change (no other change between), the lane beside as far over as it is
+            # there: where lanes widen along the road the offset at the change's start is not
+            # the offset 30 m back (lanes 4 m apart there and 7 m at the change: a car coming up
+            # fast in the lane beside was not seen, and met the expert on the diagonal;
+            # scenariogeneration's road_with_changing_lane_width)
+            behind = (along < c0) & (self._route_shift(along) == self._route_shift(c0 - 1e-6))
+            target = int(r.lanes[min(int(np.searchsorted(r.cum, c1)), len(r.lanes) - 1)])
+            at_c0 = max(int(np.searchsorted(r.cum, c0)) - 1, 0)
+            ref = self._beside_spacing(at_c0, side, target)
+            for n in np.flatnonzero(behind) if ref is not None else ():
+                there = self._beside_spacing(int(k[n]), side, target)
+                if there is not None:
+                    want[n] += math.copysign(1.0, side) * (there - ref)
         else:
             want = np.full(len(idx), side)
         beside = (np.cos(act.yaw[idx] - r.yaw[k]) > 0.8) & (np.abs(across - want) < 1.8) \
