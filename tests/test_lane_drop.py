@@ -83,6 +83,49 @@ def test_a_car_standing_at_a_lane_drop_is_let_in(yield_):
         assert behind_when_over == 0
 
 
+@pytest.mark.parametrize("yield_", ["closing", "none"])
+def test_the_expert_standing_at_a_lane_drop_is_let_in(yield_):
+    """As above with the expert on the closing lane (x = 140, standing; its route changes onto
+    the through lane at x = 154-162, before the lane narrows under 2.5 m), the stream coming
+    along beside it: with ``merge_yield: closing`` a car of the stream lets it in as it
+    lets a background car in, and it is across with most of the stream still behind it; with
+    ``none`` it waited until the stream had gone by."""
+    from drivemind.sim import kernels as K
+    from drivemind.sim.autopilot import Autopilot
+    from drivemind.sim.snapshot import ActorClass
+
+    rm = _drop_map()
+    a, b, a2 = (rm.key_index[k] for k in ((1, 0, -1), (1, 0, -2), (2, 0, -1)))
+    stream = 10
+    world = LiteWorld(rm, SimConfig(vehicles=stream, offroad_margin=None, traffic=TrafficParams(
+        signals="none", stuck_respawn=None, wait_cycle_after=None, merge_yield=yield_)))
+    route = plan_route(rm, (b, 140.0), (a2, 600.0))
+    snap = world.reset(seed=0, ego_pose=route.start)
+    for i in range(stream):
+        world.v_cls[i] = int(ActorClass.CAR)
+        world.v_hl[i], world.v_hw[i] = 2.3, 0.95
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = a, 140.0 - 14.0 * i, 8.0, 1.0
+        world.v_vcap[i] = 8.0
+        world.v_path[i] = -1
+        world.v_path[i, :2] = (a, a2)
+        world.v_lctimer[i] = 10.0
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    pilot = Autopilot(rm, route, world.lights.lane_light, world.cfg.ego)
+    behind_when_over = None
+    hits = 0
+    for _ in range(400):  # 40 s
+        snap = world.step(pilot.act(snap))
+        hits += len(snap.collisions)
+        if behind_when_over is None and snap.ego.y < 1.0:
+            behind_when_over = int((world.v_xy[:, 0] < snap.ego.x).sum())
+    assert hits == 0 and world.npc_collision_total == 0
+    assert behind_when_over is not None, "the expert never moved over"
+    if yield_ == "closing":
+        assert behind_when_over >= stream // 2
+    else:
+        assert behind_when_over <= 1
+
+
 def test_a_lane_that_closes_at_its_end_is_not_continued_by_the_lane_starting_there():
     """A dead end gets the lane starting within 2.5 m of its end, heading the same way, as its
     continuation (an unlinked export). A lane that narrows to nothing is a lane drop: the lane

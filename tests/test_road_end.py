@@ -192,3 +192,32 @@ def test_after_a_restart_the_expert_waits_for_a_snapshot_that_shows_it_there():
     snap = world.step((0.0, -1.0))  # a snapshot of it at its new start
     pilot.act(snap)
     assert pilot.idx <= 2 and not pilot.done
+
+
+def test_an_ego_waiting_for_a_clear_start_leaves_the_network(monkeypatch):
+    """The ego's route ended at the +x lane's open end and no start is clear of traffic (12 cars
+    on a 300 m two-way road): restart_elsewhere finds none and takes the ego off the network
+    (``LiteWorld.park_ego``), as a background vehicle at an open end leaves it, instead of
+    standing there in the way of the cars behind it (on a small busy network a queue stood 500 s
+    behind it, and no start came clear). Off the network it meets nothing and is no static
+    collision; ``place_ego`` puts it back."""
+    rm = _two_way_road()
+    cfg = SimConfig(vehicles=12, walkers=0, traffic=TrafficParams(signals="none", stuck_respawn=None))
+    world = LiteWorld(rm, cfg)
+    snap = world.reset(seed=0, ego_pose=(LENGTH - 2.0, 0.0, 0.0))
+    pilot = Autopilot(rm, plan_route(rm, (rm.key_index[FWD], 10.0), (rm.key_index[FWD], 80.0)))
+    rng = np.random.default_rng(3)
+    import drivemind.sim.autopilot as A
+
+    monkeypatch.setattr(A, "clear_start", lambda world, rng: None)  # no start clear now
+    assert not pilot.restart_elsewhere(world, rng)
+    assert world.ego_parked
+    ex, ey = world.ego["x"], world.ego["y"]
+    assert ex > rm.bounds[2] + 100.0 and ey > rm.bounds[3] + 100.0
+    hits = []
+    for _ in range(50):
+        snap = world.step((0.0, -1.0))
+        hits += snap.collisions
+    assert hits == [] and (snap.ego.x, snap.ego.y) == (ex, ey)
+    world.place_ego((10.0, 0.0, 0.0))
+    assert not world.ego_parked

@@ -153,9 +153,12 @@ class Autopilot:
     def restart_elsewhere(self, world: LiteWorld, rng: np.random.Generator) -> bool:
         """After :meth:`new_route_from` raised :class:`RouteError` (an open road end): take a
         random route whose start no actor is near (:func:`clear_start`) and move the ego there;
-        False when there is none now (the ego waits, and the caller asks again later)."""
+        False when there is none now: the ego leaves the network until there is
+        (:meth:`LiteWorld.park_ego`), and the caller asks again later."""
         route = clear_start(world, rng)
         if route is None:
+            if not world.ego_parked:
+                world.park_ego()
             return False
         self.set_route(route)
         world.place_ego(route.start)

@@ -519,8 +519,9 @@ def traffic_step(
     # room to queue on a way through past its crossings
     link_id, via, store, short_empty,
     # traffic.merge_yield: per vehicle, the lane beside it that it asks to be let into because
-    # its own closes ahead (:func:`lane_changes`; -1: none), and whether followers there let it in
-    merge_lane, merge_yield,
+    # its own closes ahead (:func:`lane_changes`; -1: none), and whether followers there let it in;
+    # the lane the ego asks to be let into so (:func:`merge_request`; -1: none)
+    merge_lane, merge_yield, ego_merge,
 ):
     """One step of the background vehicles. ``blocker`` (out, per vehicle): what limits it now,
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
@@ -813,6 +814,11 @@ def traffic_step(
             if merge_lane[j] >= 0:
                 asking = True
                 break
+    # (merge_yield) the ego asks to be let in: where it would be on the lane beside
+    ego_st = INF
+    if merge_yield and ego_merge >= 0 and ego_lane >= 0:
+        ego_st = _place_beside(offset, ds, length, pts, yaw, ego_lane, ego_s, 0.0, ego_merge,
+                               lc_project)
     for i in range(n):
         gap = INF
         vl = 0.0
@@ -926,6 +932,15 @@ def traffic_step(
                 gap = g
                 vl = v[j]
                 src = j
+        # ... and the ego, whose lane closes ahead, as a background vehicle is (a car behind it
+        # that can stop for it comfortably leaves it room to move over; before, the expert
+        # waited at a lane drop for a gap in the stream)
+        if ego_st < INF and lane[i] == ego_merge:
+            g = ego_st - s[i] - ego_hl - hl[i] - MERGE_ROOM
+            if not (g + MERGE_ROOM < s0 or g >= gap or v[i] * v[i] > 2.0 * bcomf[i] * g):
+                gap = g
+                vl = ego_v
+                src = BLOCKED_EGO
         # the ego on the path (by its lane) and by geometry
         if ego_lane >= 0:
             cum = -s[i]
@@ -1319,6 +1334,29 @@ def _taper_ahead(taper_stop, offset, ds, li, s):
 
 
 @nb.njit(cache=True)
+def merge_request(taper_stop, offset, ds, length, pts, yaw, junction, left, right, left_same,
+                  right_same, path_row, li, s, hl, reach, project):
+    """The lane beside lane ``li`` that a vehicle at arc length ``s`` of it (half length ``hl``)
+    asks to be let into because its lane, or the next lane of its path (``path_row``, ``li``
+    first), narrows within ``reach`` m ahead and the lane beside stays open past that point
+    (traffic.merge_yield); -1: none."""
+    if reach <= 0.0 or junction[li] >= 0:
+        return -1
+    tsm = _taper_on_path(taper_stop, offset, ds, length, path_row, li, s, reach)
+    if tsm - hl >= reach:
+        return -1
+    for side in range(2):
+        nb_ = _side_lane(left, right, left_same, right_same, junction, li, side)
+        if nb_ < 0:
+            continue
+        st = _place_beside(offset, ds, length, pts, yaw, li, s, 0.0, nb_, project)
+        # the lane beside stays open past where ours closes
+        if _taper_ahead(taper_stop, offset, ds, nb_, st) - st > tsm + 2.0 * hl:
+            return nb_
+    return -1
+
+
+@nb.njit(cache=True)
 def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
                  right_same, lane_vmax, taper_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
@@ -1341,18 +1379,10 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         lc_timer[i] += dt
         li = lane[i]
         merge_lane[i] = -1
-        if merge_reach > 0.0 and lat[i] == 0.0 and junction[li] < 0:
-            tsm = _taper_on_path(taper_stop, offset, ds, length, path[i], li, s[i], merge_reach)
-            if tsm - hl[i] < merge_reach:
-                for side in range(2):
-                    nb_ = _side_lane(left, right, left_same, right_same, junction, li, side)
-                    if nb_ < 0:
-                        continue
-                    st = _place_beside(offset, ds, length, pts, yaw, li, s[i], 0.0, nb_, project)
-                    # the lane beside stays open past where ours closes
-                    if _taper_ahead(taper_stop, offset, ds, nb_, st) - st > tsm + 2.0 * hl[i]:
-                        merge_lane[i] = nb_
-                        break
+        if lat[i] == 0.0:
+            merge_lane[i] = merge_request(taper_stop, offset, ds, length, pts, yaw, junction, left,
+                                          right, left_same, right_same, path[i], li, s[i], hl[i],
+                                          merge_reach, project)
         if lc_timer[i] < 4.0 or lat[i] != 0.0 or grant[i] >= 0 or junction[li] >= 0:
             continue
         # near a lane's ends it keeps its lane (the next may be a junction's), unless it asks to

@@ -149,6 +149,7 @@ class LiteWorld:
             q >= 0 and roadmap.junction[q] >= 0 for q in self.succ[lane]))
             for lane in range(len(roadmap.length))]
         self._m = (roadmap.offset, roadmap.ds, roadmap.length, roadmap.pts, roadmap.yaw)
+        self._ego_path = np.full(PATH_LEN, -1, np.int64)  # the ego's lanes ahead (merge_yield)
         self.frame = 0
         self.time = 0.0
         self.rng = np.random.default_rng(0)
@@ -156,6 +157,7 @@ class LiteWorld:
         self._npc_contacts: set[int] = set()
         self._static_contact = False
         self._ego_wait = 0.0  # s the ego has stood at a junction's stop line (traffic.ego_turn)
+        self.ego_parked = False  # off the network (park_ego) until placed again
         self.npc_collision_total = 0
         self.npc_respawns = 0  # vehicles moved by the last-resort respawn
         self.npc_exits = 0  # vehicles that reached a dead end and were put back at a spawn point
@@ -207,6 +209,7 @@ class LiteWorld:
         self._npc_contacts.clear()
         self._static_contact = False
         self._ego_wait = 0.0
+        self.ego_parked = False
         self.npc_collision_total = 0
         self.npc_respawns = 0
         self.npc_exits = 0
@@ -228,6 +231,19 @@ class LiteWorld:
         self._ego_contacts = set()
         self._static_contact = False
         self._ego_wait = 0.0
+        self.ego_parked = False
+
+    def park_ego(self) -> None:
+        """Take the ego off the network, at rest, until :meth:`place_ego` puts it back: for a
+        driver whose route ended at an open road end and that waits for a start clear of
+        traffic (``Autopilot.restart_elsewhere``), as a background vehicle reaching an open end
+        leaves the network. Standing there instead, it held up the queue behind it, and on a
+        small busy network no start came clear while it did (scenariogeneration's
+        junction_with_varying_lane_widths: a queue stood 500 s behind it). Off the network it
+        meets nothing and is no static collision."""
+        b = self.map.bounds
+        self.place_ego((float(b[2]) + 1000.0, float(b[3]) + 1000.0, 0.0))
+        self.ego_parked = True
 
     def _spawn_vehicles(self):
         rm, rng, cfg = self.map, self.rng, self.cfg
@@ -509,6 +525,27 @@ class LiteWorld:
             self.w_state[w] = 0
 
     # ------------------------------------------------------------------ step
+    def _ego_merge_request(self, lane: int, s: float, hl: float) -> int:
+        """The lane beside the ego's that it asks to be let into because its own, or the lane
+        its own leads on to (while there is only one), narrows within MERGE_REACH m
+        (traffic.merge_yield, :func:`kernels.merge_request`); -1: none. The world does not know
+        the ego's route: a lane drop ahead is read from the map, as for a background vehicle."""
+        row = self._ego_path
+        row[:] = -1
+        row[0] = lane
+        ahead = self._lane_length[lane] - s
+        for k in range(1, PATH_LEN):
+            nxt = self.succ[row[k - 1]]
+            if ahead > MERGE_REACH or nxt[0] < 0 or (nxt.shape[0] > 1 and nxt[1] >= 0):
+                break
+            row[k] = nxt[0]
+            ahead += self._lane_length[nxt[0]]
+        rm = self.map
+        return int(K.merge_request(self.taper_stop, *self._m, rm.junction, self._lc_left,
+                                   self._lc_right, rm.left_same_dir, rm.right_same_dir, row,
+                                   lane, s, hl, MERGE_REACH,
+                                   self.cfg.traffic.lane_change_place == "project"))
+
     def _ego_turn(self, dt: float, ego_lane: int, ego_s: float, ehl: float) -> bool:
         """Whether the ego has its turn at a junction now (traffic.ego_turn): it has stood that
         long at the junction's stop line, its light (if any) not red or yellow, and the turn's
@@ -577,6 +614,10 @@ class LiteWorld:
                 self.v_xy)
             self.npc_overtakes += st
             self.npc_overtake_aborts += ab
+        ego_merge = -1
+        if (n and tp.merge_yield == "closing" and self._multilane and ego_lane >= 0
+                and self._lane_junction[ego_lane] < 0):
+            ego_merge = self._ego_merge_request(ego_lane, ego_s, ehl)
         if n:
             m = K.traffic_step(
                 dt, self.time, *self._m, self.map.junction, self.succ, self.conflict.data,
@@ -599,7 +640,7 @@ class LiteWorld:
                 tp.release_margin,
                 self.v_otk, self.v_otk_of, self.v_otk_off, self.v_otk_lane,
                 self._link_id, self._via, self._store, self._chain,
-                self.v_merge, tp.merge_yield == "closing",
+                self.v_merge, tp.merge_yield == "closing", ego_merge,
             )
             if m > self.npc_max_stuck_s:  # m: the longest standing time now
                 self.npc_max_stuck_s = m
@@ -638,6 +679,8 @@ class LiteWorld:
         self._junction_lanes_at_ego(np.full(len(self._ego_jlanes), -1, np.int64))
         # reads the waits-for edges and standing times, writes only its scratch array
         K.wait_cycles(self.v_blocker, self.v_stuck, math.inf, np.full(len(self.v_lane), -1, np.int64))
+        if self._multilane:  # (merge_yield) reads the map, writes only its scratch path
+            self._ego_merge_request(int(np.argmax(self.map.junction < 0)), 0.0, 2.4)
 
     def _junction_lanes_at_ego(self, out: np.ndarray) -> int:
         """The junction lanes the ego may be on (heading within 45 degrees, within 2 m) into
@@ -724,7 +767,7 @@ class LiteWorld:
                 events.append(CollisionEvent(aid, ActorClass(int(cls[j])), e["v"], sp,
                                              float(pos[j, 0]), float(pos[j, 1])))
         self._ego_contacts = now
-        if cfg.offroad_margin is not None:
+        if cfg.offroad_margin is not None and not self.ego_parked:
             # off the road: farther than the margin outside every lane near it (not only the lane
             # of the nearest centre point: beside a narrow lane, a wide one's area still counts)
             off = off_road(self.map, e["x"], e["y"], cfg.offroad_margin)
