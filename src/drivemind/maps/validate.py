@@ -339,7 +339,7 @@ def _near_pairs(first, second, near: float = None, end_margin: float = None,
     return found
 
 
-def merge_overlapping_junctions(records, near: float = None) -> list[str]:
+def merge_overlapping_junctions(records, near: float = None) -> list[tuple[tuple[int, ...], int]]:
     """Make one junction of two whose lanes run over each other at the same level (within
     ``near`` m, ``OVERLAP_NEAR``, away from their ends, and neither lane leading into the other
     nor the two leaving or joining the same lane): their traffic then gives way to each other

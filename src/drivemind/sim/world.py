@@ -108,6 +108,7 @@ class LiteWorld:
         # enough (a merge taper at its end, or bays that close up along it): vehicles stop short
         # of it and change lanes before it, as into a standing obstacle (inf: no taper ahead)
         self.taper_stop = taper_stops(roadmap, narrow)
+        self._has_tapers = bool(np.isfinite(self.taper_stop).any())  # a lane narrows somewhere
         self.succ = tab["succ"]  # the map's successors plus geometric continuations of dead ends
         # which light's detector covers each lane, and how far its stop line lies beyond the
         # lane's end (traffic.detector_reach)
@@ -615,8 +616,8 @@ class LiteWorld:
             self.npc_overtakes += st
             self.npc_overtake_aborts += ab
         ego_merge = -1
-        if (n and tp.merge_yield == "closing" and self._multilane and ego_lane >= 0
-                and self._lane_junction[ego_lane] < 0):
+        if (n and tp.merge_yield == "closing" and self._has_tapers and self._multilane
+                and ego_lane >= 0 and self._lane_junction[ego_lane] < 0):
             ego_merge = self._ego_merge_request(ego_lane, ego_s, ehl)
         if n:
             m = K.traffic_step(
