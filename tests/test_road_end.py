@@ -221,3 +221,64 @@ def test_an_ego_waiting_for_a_clear_start_leaves_the_network(monkeypatch):
     assert hits == [] and (snap.ego.x, snap.ego.y) == (ex, ey)
     world.place_ego((10.0, 0.0, 0.0))
     assert not world.ego_parked
+
+
+def test_the_expert_follows_a_route_that_passes_its_own_way_out_in_order():
+    """A route in along y = 0 (eastwards) to x = 12, round a turn of radius 3 and back out
+    westwards along y = 1: at x = 8 on the way in, the way out 20 m on is nearer than the way
+    in. Located with its heading (the expert's), it stays on the way in; by position
+    alone it jumped to the way out, left out the ring and drove off the road (CommonRoad's
+    roundabout: 3-5 off-road contacts in 600 s once its traffic flowed)."""
+    from drivemind.maps.routing import Route
+    from drivemind.sim.tracking import RouteTracker
+
+    inn = np.stack([np.arange(0.0, 12.0, 1.0), np.zeros(12)], 1)
+    a = np.linspace(-math.pi / 2, math.pi / 2, 10)
+    turn = np.stack([12.0 + 3.0 * np.cos(a), 3.0 + 3.0 * np.sin(a)], 1)
+    down = np.stack([np.linspace(11.0, 9.0, 6), np.linspace(5.0, 1.0, 6)], 1)
+    out = np.stack([np.arange(8.0, -1.0, -1.0), np.ones(9)], 1)
+    pts = np.concatenate([inn, turn, down, out])
+    d = np.diff(pts, axis=0)
+    cum = np.concatenate([[0.0], np.cumsum(np.hypot(*d.T))])
+    tang = np.gradient(pts, axis=0)
+    route = Route([(0, 0.0, float(cum[-1]))], pts, np.arctan2(tang[:, 1], tang[:, 0]), cum,
+                  np.zeros(len(pts), np.int64))
+    x, y = 8.0, 0.6  # on the way in, nearer the way out (0.4 m) than the way in (0.6 m)
+    blind = RouteTracker(route)
+    blind.idx = 7
+    assert blind.locate(x, y) > 20  # on the way out
+    seeing = RouteTracker(route)
+    seeing.idx = 7
+    assert seeing.locate(x, y, 0.0) == 8  # on the way in, where it is
+    # facing the other way (an ego turned round): by position, as before
+    assert RouteTracker(route).locate(x, y, math.pi) == blind.idx
+
+
+def test_a_vehicle_bound_for_a_lane_that_closes_with_no_lane_beside_leaves_there():
+    """Lane A (x 0-100) leads only into lane B (x 100-115), which narrows to 0.5 m at its open
+    end with no lane of its direction beside (CommonRoad's roundabout has such an arm). A car
+    on A stops before the taper and, standing there, leaves the network as at an open road
+    end (``npc_exits``); it stood there until the last-resort respawn before (21-25 respawns in
+    600 s on that roundabout)."""
+    n = 201
+    xs = np.linspace(0.0, 100.0, n)
+    none = np.zeros(n, np.uint8)
+    a = LaneRecord(key=(1, 0, -1), points=np.stack([xs, np.zeros(n)], 1), width=np.full(n, 3.5),
+                   mark_left=none, mark_right=none, junction=-1, successors=[(2, 0, -1)])
+    xb = np.linspace(100.0, 115.0, 31)
+    b = LaneRecord(key=(2, 0, -1), points=np.stack([xb, np.zeros(31)], 1),
+                   width=np.interp(xb, [100.0, 105.0, 115.0], [3.5, 3.5, 0.5]),
+                   mark_left=np.zeros(31, np.uint8), mark_right=np.zeros(31, np.uint8),
+                   junction=-1, successors=[])
+    rm = build_roadmap("closing_end", [a, b])
+    cfg = SimConfig(vehicles=1, walkers=0, offroad_margin=None,
+                    traffic=TrafficParams(signals="none", stuck_respawn=None))
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=0, ego_pose=(50.0, 60.0, 0.0))
+    world.v_lane[0], world.v_s[0], world.v_v[0] = rm.key_index[(1, 0, -1)], 60.0, 8.0
+    world._fill_path(0)
+    for _ in range(300):
+        world.step((0.0, -1.0))
+        if world.npc_exits:
+            break
+    assert world.npc_exits == 1

@@ -188,7 +188,7 @@ class Autopilot:
                 return 0.0, -1.0
             self._moved_to = None
         e, r, p = snap.ego, self.route, self.ego
-        self.tracker.locate(e.x, e.y)
+        self.tracker.locate(e.x, e.y, e.yaw)
         if self.stops is None:
             self.stops = route_stops(r, snap.lights)
         here = r.cum[self.idx]

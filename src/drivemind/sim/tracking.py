@@ -260,13 +260,21 @@ class RouteTracker:
     def remaining(self) -> float:
         return float(self.route.length - self.s)
 
-    def locate(self, x: float, y: float) -> int:
+    def locate(self, x: float, y: float, yaw: float | None = None) -> int:
         """The route point nearest (x, y), searched a few points back and ``LOCATE_AHEAD`` ahead
         of the last one (so a route that passes near itself is followed in order); sets and
-        returns ``idx``."""
+        returns ``idx``. ``yaw`` (the expert's): only among the points whose heading is within
+        90 degrees of it, where there are any: a route into a roundabout, once round it and out
+        again along the arm it came by passes its own way out where it enters the ring, 40 m on,
+        and the expert located there left out the ring and drove off the road (CommonRoad's
+        roundabout)."""
         r = self.route
         lo, hi = max(self.idx - LOCATE_BACK, 0), min(self.idx + LOCATE_AHEAD, len(r.pts))
         d = (r.pts[lo:hi, 0] - x) ** 2 + (r.pts[lo:hi, 1] - y) ** 2
+        if yaw is not None:
+            facing = np.cos(r.yaw[lo:hi] - yaw) > 0.0
+            if facing.any():
+                d = np.where(facing, d, np.inf)
         self.idx = lo + int(np.argmin(d))
         return self.idx
 

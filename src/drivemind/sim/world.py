@@ -119,6 +119,15 @@ class LiteWorld:
         # network and is put back at a spawn point (SUMO's vehicles leave at the fringe)
         self._dead_end = (self.succ < 0).all(axis=1)
         self._has_dead_ends = bool(self._dead_end.any())
+        # ... and those that close up before their end with no lane of their direction beside to
+        # move into (CommonRoad's roundabout: an arm's lane narrows to 0.7 m at its open end, and
+        # the cars bound for it stood before the taper until respawned, 21-25 times in 600 s):
+        # a vehicle standing where its way closes up so leaves there
+        beside = (((self._lc_left >= 0) & roadmap.left_same_dir)
+                  | ((self._lc_right >= 0) & roadmap.right_same_dir))
+        narrows = np.add.reduceat(np.isfinite(self.taper_stop), roadmap.offset[:-1]) > 0
+        self._closed_exit = self._dead_end & narrows & ~beside
+        self._has_closed_exits = bool(self._closed_exit.any())
         self._overtake = tp.overtake == "oncoming"
         # junctions joined by short links (traffic.junction_chain): which lanes are such links
         # (one id per link), the link each junction lane leads into, and how far a vehicle may
@@ -336,14 +345,37 @@ class LiteWorld:
                          self.time, int(self.v_id[i]), limit, old[0], old[1], k)
 
     def _exit_dead_ends(self) -> None:
-        """Vehicles at the end of a lane with no way on leave the network: each is put back at a
-        free spawn point away from the ego, counted in ``npc_exits`` (a vehicle that finds no
-        free point stays and tries again next step)."""
+        """Vehicles at the end of a lane with no way on (or standing where such a lane closes up,
+        with no lane beside to move into) leave the network: each is put back at a free spawn
+        point away from the ego, counted in ``npc_exits`` (a vehicle that finds no free point
+        stays and tries again next step)."""
         lane = self.v_lane
         at_end = self._dead_end[lane] & (self.v_s >= self.map.length[lane] - 0.05)
+        if self._has_closed_exits:
+            for i in np.flatnonzero((self.v_v < 0.1) & (self.v_blocker == K.BLOCKED_OTHER)):
+                at_end[i] |= self._at_closed_exit(int(i))
         for i in np.flatnonzero(at_end):
             if self._respawn(int(i)) is not None:
                 self.npc_exits += 1
+
+    def _at_closed_exit(self, i: int) -> bool:
+        """Vehicle ``i`` stands with its front within the standstill gap and a metre of where a
+        lane of its path (its own, or one of the next two) closes up with no way on
+        (``_closed_exit``)."""
+        rm, s = self.map, float(self.v_s[i])
+        ahead = -s  # metres from the vehicle to the start of the path's lane k
+        for k in range(3):
+            li = int(self.v_path[i, k]) if k else int(self.v_lane[i])
+            if li < 0:
+                return False
+            if self._closed_exit[li]:
+                at = s if k == 0 else 0.0
+                o = rm.offset[li] + min(int(at / rm.ds[li]), rm.offset[li + 1] - rm.offset[li] - 1)
+                return ahead + self.taper_stop[o] - self.v_hl[i] < self.cfg.traffic.idm_s0 + 1.0
+            ahead += self._lane_length[li]
+            if ahead > 5.0:
+                return False
+        return False
 
     def _respawn(self, i: int) -> int | None:
         """Move vehicle ``i`` to a free spawn point (over 40 m from the ego, ``spawn_gap`` from
