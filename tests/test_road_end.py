@@ -282,3 +282,32 @@ def test_a_vehicle_bound_for_a_lane_that_closes_with_no_lane_beside_leaves_there
         if world.npc_exits:
             break
     assert world.npc_exits == 1
+
+
+def test_on_a_network_all_near_the_ego_a_car_at_an_open_end_still_leaves():
+    """An 80 m two-way road with the ego beside its middle: no spawn point is 40 m from the ego.
+    A car reaching the road's open end, having stood there 30 s (``RESPAWN_NEAR_AFTER``), is put
+    back at a free spawn point over 15 m from the ego (``RESPAWN_EGO_NEAR``); before, it found
+    none and stood at the end for good (esmini's ref_point, CommonRoad's straight_road_default:
+    every car standing for 590 s of 600)."""
+    n = 161
+    xs = np.linspace(0.0, 80.0, n)
+    none = np.zeros(n, np.uint8)
+    fwd = LaneRecord(key=FWD, points=np.stack([xs, np.zeros(n)], 1), width=np.full(n, 3.5),
+                     mark_left=none, mark_right=none, junction=-1, successors=[], left=BACK)
+    back = LaneRecord(key=BACK, points=np.stack([xs[::-1], np.full(n, 3.5)], 1),
+                      width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
+                      successors=[], left=FWD)
+    rm = build_roadmap("short_road", [fwd, back])
+    world = LiteWorld(rm, SimConfig(vehicles=1, walkers=0, offroad_margin=None,
+                                    traffic=TrafficParams(signals="none", stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(40.0, 12.0, 0.0))
+    assert (np.hypot(rm.spawn[:, 0] - 40.0, rm.spawn[:, 1] - 12.0) < 40.0).all()
+    world.v_lane[0], world.v_s[0], world.v_v[0] = rm.key_index[FWD], 60.0, 8.0
+    world._fill_path(0)
+    for _ in range(600):
+        world.step((0.0, -1.0))
+        if world.npc_exits:
+            break
+    assert world.npc_exits == 1 and 30.0 < world.time < 45.0
+    assert math.hypot(world.v_xy[0, 0] - 40.0, world.v_xy[0, 1] - 12.0) > 15.0

@@ -36,6 +36,11 @@ MERGE_REACH = 40.0  # m before the point where its lane narrows from which a veh
 #                    let into the lane beside (traffic.merge_yield)
 CYCLE_EVERY = 10  # steps between looks for waits-for cycles (1 Hz with dt = 0.1 s)
 _NO_CLEAR = np.zeros(0)  # the clear-point table the kernel gets when junction_release reads none
+RESPAWN_EGO_GAP = 40.0  # m from the ego to a spawn point a vehicle is put back at ...
+RESPAWN_EGO_NEAR = 15.0  # ... or this for one that has stood RESPAWN_NEAR_AFTER s where no
+#                          free point is that far (a 150 m road: its cars stood at its open
+#                          ends for good)
+RESPAWN_NEAR_AFTER = 30.0
 RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is put back at (a car's
 #                           half length plus a walker's reach: never onto one crossing there)
 EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it stands at the
@@ -378,19 +383,25 @@ class LiteWorld:
         return False
 
     def _respawn(self, i: int) -> int | None:
-        """Move vehicle ``i`` to a free spawn point (over 40 m from the ego, ``spawn_gap`` from
-        every vehicle, ``RESPAWN_WALKER_GAP`` from every walker) at rest with a new path; returns
-        the spawn point, None if none is free."""
+        """Move vehicle ``i`` to a free spawn point (``spawn_gap`` from every vehicle,
+        ``RESPAWN_WALKER_GAP`` from every walker, over ``RESPAWN_EGO_GAP`` m from the ego, or
+        ``RESPAWN_EGO_NEAR`` for a vehicle that has stood ``RESPAWN_NEAR_AFTER`` s where no free
+        point is that far) at rest with a new path; returns the spawn point, None if none is
+        free."""
         rm, gap = self.map, self.cfg.traffic.spawn_gap
-        far = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"]) > 40.0
+        de = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"])
         d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
                      rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
-        ok = far & (d >= gap)
+        ok = d >= gap
         if len(self.w_xy):  # nor onto a walker (one crossing there, or waiting at the kerb)
             dw = np.hypot(rm.spawn[:, None, 0] - self.w_xy[None, :, 0],
                           rm.spawn[:, None, 1] - self.w_xy[None, :, 1]).min(axis=1)
             ok &= dw >= RESPAWN_WALKER_GAP
-        free = np.flatnonzero(ok)
+        free = np.flatnonzero(ok & (de > RESPAWN_EGO_GAP))
+        if not len(free) and self.v_stuck[i] > RESPAWN_NEAR_AFTER:
+            # it has stood long, and no free point is that far from the ego (esmini's ref_point,
+            # 176 m: every car stood at its open ends for good)
+            free = np.flatnonzero(ok & (de > RESPAWN_EGO_NEAR))
         if not len(free):
             return None  # nowhere to go now; try again next step
         k = int(free[self.rng.integers(len(free))])
