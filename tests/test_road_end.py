@@ -23,16 +23,15 @@ LENGTH = 300.0
 FWD, BACK = (1, 0, -1), (1, 0, 1)
 
 
-def _two_way_road():
-    n = 40
-    xs = np.linspace(0.0, LENGTH, n)
+def _two_way_road(length: float = LENGTH, n: int = 40, name: str = "dead_ends"):
+    xs = np.linspace(0.0, length, n)
     none = np.zeros(n, np.uint8)
     fwd = LaneRecord(key=FWD, points=np.stack([xs, np.zeros(n)], 1), width=np.full(n, 3.5),
                      mark_left=none, mark_right=none, junction=-1, successors=[], left=BACK)
     back = LaneRecord(key=BACK, points=np.stack([xs[::-1], np.full(n, 3.5)], 1),
                       width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
                       successors=[], left=FWD)
-    return build_roadmap("dead_ends", [fwd, back])
+    return build_roadmap(name, [fwd, back])
 
 
 def test_spawns_ahead_face_the_driving_direction_nearest_first():
@@ -290,15 +289,7 @@ def test_on_a_network_all_near_the_ego_a_car_at_an_open_end_still_leaves():
     back at a free spawn point over 15 m from the ego (``RESPAWN_EGO_NEAR``); before, it found
     none and stood at the end for good (esmini's ref_point, CommonRoad's straight_road_default:
     every car standing for 590 s of 600)."""
-    n = 161
-    xs = np.linspace(0.0, 80.0, n)
-    none = np.zeros(n, np.uint8)
-    fwd = LaneRecord(key=FWD, points=np.stack([xs, np.zeros(n)], 1), width=np.full(n, 3.5),
-                     mark_left=none, mark_right=none, junction=-1, successors=[], left=BACK)
-    back = LaneRecord(key=BACK, points=np.stack([xs[::-1], np.full(n, 3.5)], 1),
-                      width=np.full(n, 3.5), mark_left=none, mark_right=none, junction=-1,
-                      successors=[], left=FWD)
-    rm = build_roadmap("short_road", [fwd, back])
+    rm = _two_way_road(80.0, 161, "short_road")
     world = LiteWorld(rm, SimConfig(vehicles=1, walkers=0, offroad_margin=None,
                                     traffic=TrafficParams(signals="none", stuck_respawn=None)))
     world.reset(seed=0, ego_pose=(40.0, 12.0, 0.0))
