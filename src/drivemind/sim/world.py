@@ -40,7 +40,7 @@ RESPAWN_EGO_GAP = 40.0  # m from the ego to a spawn point a vehicle is put back 
 RESPAWN_EGO_NEAR = 15.0  # ... or this for one that has stood RESPAWN_NEAR_AFTER s where no
 #                          free point is that far (a 150 m road: its cars stood at its open
 #                          ends for good)
-RESPAWN_NEAR_AFTER = 30.0
+RESPAWN_NEAR_AFTER = 30.0  # s standing (v_stuck) after which the nearer points are taken
 RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is put back at (a car's
 #                           half length plus a walker's reach: never onto one crossing there)
 EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it stands at the
