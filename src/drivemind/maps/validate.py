@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from .roadmap import LaneRecord, finite_points
+from .roadmap import LaneRecord, _interp_attr, finite_points
 
 ZERO_LENGTH = 0.01  # m: a lane shorter than this has no usable centre line
 FAR_SUCCESSOR = 1.0  # m between a lane's end and its successor's start: warned
@@ -269,22 +269,27 @@ def _overlaps(records, near: float = None, end_margin: float = None):
     of the pairs :func:`junction_overlaps` names."""
     inner = [r for r in records if r.junction >= 0 and len(r.points) >= 2]
     outer = [r for r in records if r.junction < 0 and len(r.points) >= 2]
-    pred_roads: dict = {}
-    preds: dict = {}
-    for r in records:
-        for t in r.successors:
-            pred_roads.setdefault(t, set()).add(r.key[0])
-            preds.setdefault(t, set()).add(r.key)
+    preds = _predecessor_keys(records)
     found = set()
     for a, b in _near_pairs(inner, outer, near, end_margin):
         r, o = inner[a], outer[b]
-        roads = {r.key[0]} | {t[0] for t in r.successors} | pred_roads.get(r.key, set())
+        roads = ({r.key[0]} | {t[0] for t in r.successors}
+                 | {k[0] for k in preds.get(r.key, ())})
         # a lane merging with the junction lane (the same lane after them) or leaving it (the
         # same lane before them) runs beside it by design
         if (o.key[0] not in roads and not set(o.successors) & set(r.successors)
                 and not preds.get(o.key, set()) & preds.get(r.key, set())):
             found.add((a, b))
     return inner, outer, found
+
+
+def _predecessor_keys(records) -> dict:
+    """``{lane key: {keys of the lanes that link to it}}`` over ``records``."""
+    preds: dict = {}
+    for r in records:
+        for t in r.successors:
+            preds.setdefault(t, set()).add(r.key)
+    return preds
 
 
 def _near_pairs(first, second, near: float = None, end_margin: float = None,
@@ -348,10 +353,7 @@ def merge_overlapping_junctions(records, near: float = None) -> list[tuple[tuple
     NPC contacts in 600 s) and USA_Lanker. Each merged junction takes the smallest id of its
     group. Changes ``records`` in place; returns the merges as ``(ids merged, id kept)``."""
     inner = [r for r in records if r.junction >= 0 and len(r.points) >= 2]
-    preds: dict = {}
-    for r in records:
-        for t in r.successors:
-            preds.setdefault(t, set()).add(r.key)
+    preds = _predecessor_keys(records)
     parent: dict = {}
 
     def root(j):
@@ -425,10 +427,7 @@ def _join_round(records, near, reach: float, margin: float) -> list[str]:
         return []
     near = OVERLAP_NEAR if near is None else near
     by_key = {r.key: r for r in records}
-    preds: dict = {}
-    for r in records:
-        for t in r.successors:
-            preds.setdefault(t, set()).add(r.key)
+    preds = _predecessor_keys(records)
 
     def touches(r, j: int, at_end: bool) -> bool:
         nxt = r.successors if at_end else preds.get(r.key, ())
@@ -495,7 +494,7 @@ def _join_round(records, near, reach: float, margin: float) -> list[str]:
             for attr in ("width", "mark_left", "mark_right"):  # one value per point
                 v = np.asarray(getattr(r, attr))
                 if len(v) != len(p):
-                    setattr(r, attr, v[np.round(np.linspace(0, len(v) - 1, len(p))).astype(int)])
+                    setattr(r, attr, _interp_attr(v, len(v), len(p)))
             head, tail = slice(0, k + 1), slice(k, len(p))
             jpart, opart = (tail, head) if end else (head, tail)
             piece = LaneRecord(
@@ -521,8 +520,7 @@ def _join_round(records, near, reach: float, margin: float) -> list[str]:
             if piece is by_key[key]:
                 continue
             r = by_key[key]
-            piece.left = new_key.get(r.left) if r.left in new_key else None
-            piece.right = new_key.get(r.right) if r.right in new_key else None
+            piece.left, piece.right = new_key.get(r.left), new_key.get(r.right)
     return named
 
 
