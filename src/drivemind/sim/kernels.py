@@ -926,18 +926,16 @@ def traffic_step(
                 sj = _place_beside(offset, ds, length, pts, yaw, lane[j], s[j], 0.0, lane[i],
                                    lc_project)
                 g = sj - s[i] - hl[j] - hl[i] - MERGE_ROOM
-                # already too close for it to come in (MOBIL wants s0 behind it): we go first
-                if g + MERGE_ROOM < s0 or g >= gap or v[i] * v[i] > 2.0 * bcomf[i] * g:
-                    continue
-                gap = g
-                vl = v[j]
-                src = j
+                if _lets_in(g, gap, v[i], bcomf[i], s0):
+                    gap = g
+                    vl = v[j]
+                    src = j
         # ... and the ego, whose lane closes ahead, as a background vehicle is (a car behind it
         # that can stop for it comfortably leaves it room to move over; before, the expert
         # waited at a lane drop for a gap in the stream)
         if ego_st < INF and lane[i] == ego_merge:
             g = ego_st - s[i] - ego_hl - hl[i] - MERGE_ROOM
-            if not (g + MERGE_ROOM < s0 or g >= gap or v[i] * v[i] > 2.0 * bcomf[i] * g):
+            if _lets_in(g, gap, v[i], bcomf[i], s0):
                 gap = g
                 vl = ego_v
                 src = BLOCKED_EGO
@@ -1331,6 +1329,15 @@ def _taper_ahead(taper_stop, offset, ds, li, s):
     n = offset[li + 1] - offset[li]
     k = min(max(int(s / ds[li]), 0), n - 1)
     return taper_stop[offset[li] + k]
+
+
+@nb.njit(cache=True)
+def _lets_in(g, gap, v, bcomf, s0):
+    """(merge_yield) Whether a vehicle at speed ``v`` lets one asking to move over into its lane
+    in, as a leader ``g`` m ahead (MERGE_ROOM beyond where it would be): not when it is already
+    too close to come in (MOBIL wants s0 behind it: we go first), when a nearer leader holds us
+    anyway (``gap``), nor when we cannot stop for it comfortably (``bcomf``)."""
+    return not (g + MERGE_ROOM < s0 or g >= gap or v * v > 2.0 * bcomf * g)
 
 
 @nb.njit(cache=True)

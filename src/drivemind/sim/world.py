@@ -374,9 +374,8 @@ class LiteWorld:
             if li < 0:
                 return False
             if self._closed_exit[li]:
-                at = s if k == 0 else 0.0
-                o = rm.offset[li] + min(int(at / rm.ds[li]), rm.offset[li + 1] - rm.offset[li] - 1)
-                return ahead + self.taper_stop[o] - self.v_hl[i] < self.cfg.traffic.idm_s0 + 1.0
+                ts = K._taper_ahead(self.taper_stop, rm.offset, rm.ds, li, s if k == 0 else 0.0)
+                return ahead + ts - self.v_hl[i] < self.cfg.traffic.idm_s0 + 1.0
             ahead += self._lane_length[li]
             if ahead > 5.0:
                 return False
