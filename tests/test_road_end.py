@@ -302,3 +302,72 @@ def test_on_a_network_all_near_the_ego_a_car_at_an_open_end_still_leaves():
             break
     assert world.npc_exits == 1 and 30.0 < world.time < 45.0
     assert math.hypot(world.v_xy[0, 0] - 40.0, world.v_xy[0, 1] - 12.0) > 15.0
+
+
+def _junction_with_a_way_that_closes():
+    """Lane A (x 0-100) leads into a junction (id 1) by two ways side by side: J1 straight on,
+    narrowing from 3.5 m to 1 m onto road C of 1 m lanes (scenariogeneration's
+    full_junction_with_LaneDef has such), and J2 beside it (the lane to its right, the same
+    direction) onto road D, 3.5 m wide throughout."""
+    def lane(key, p0, p1, width, junction=-1, succ=(), left=None, right=None):
+        n = int(np.hypot(p1[0] - p0[0], p1[1] - p0[1]) / 0.5) + 1
+        pts = np.stack([np.linspace(p0[0], p1[0], n), np.linspace(p0[1], p1[1], n)], 1)
+        none = np.zeros(n, np.uint8)
+        w = np.interp(pts[:, 0], *width) if isinstance(width, tuple) else np.full(n, width)
+        return LaneRecord(key=key, points=pts, width=w, mark_left=none, mark_right=none,
+                          junction=junction, successors=list(succ), left=left, right=right)
+
+    recs = [lane((1, 0, -1), (0.0, 0.0), (100.0, 0.0), 3.5, succ=[(2, 0, -1), (3, 0, -1)]),
+            lane((2, 0, -1), (100.0, 0.0), (130.0, 0.0), ([100.0, 110.0, 130.0], [3.5, 3.5, 1.0]),
+                 junction=1, succ=[(4, 0, -1)], right=(3, 0, -1)),  # J1
+            lane((3, 0, -1), (100.0, 0.0), (130.0, -3.5), 3.5, junction=1, succ=[(5, 0, -1)],
+                 left=(2, 0, -1)),  # J2
+            lane((4, 0, -1), (130.0, 0.0), (230.0, 0.0), 1.0),  # C
+            lane((5, 0, -1), (130.0, -3.5), (230.0, -3.5), 3.5)]  # D
+    return build_roadmap("closing_way", recs)
+
+
+def test_the_traffic_keeps_off_a_way_through_a_junction_that_closes_up():
+    """No vehicle gets past J1's taper (no lane changes inside a junction, so the lane beside
+    does not help), so the paths drawn at A take J2 (``world.way_choices``); before, half the
+    cars took J1 and stood in the junction at its taper until respawned (45 respawns in 600 s
+    on full_junction_with_LaneDef, the expert standing 400 s behind them)."""
+    rm = _junction_with_a_way_that_closes()
+    a, j1, j2 = (rm.key_index[k] for k in ((1, 0, -1), (2, 0, -1), (3, 0, -1)))
+    world = LiteWorld(rm, SimConfig(vehicles=1, walkers=0, offroad_margin=None,
+                                    traffic=TrafficParams(signals="none", stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(50.0, 60.0, 0.0))
+    assert world._closed_exit[j1] and not world._closed_exit[j2]
+    assert sorted(world._succ_choice[a][world._succ_choice[a] >= 0]) == [j2]
+    taken = set()
+    for k in range(40):  # paths drawn at A, and on from it while driving
+        world.v_lane[0], world.v_s[0], world.v_v[0] = a, 80.0, 8.0
+        world._fill_path(0)
+        taken.add(int(world.v_path[0, 1]))
+        for _ in range(40):
+            world.step((0.0, -1.0))
+            if world.v_lane[0] != a:
+                taken.add(int(world.v_lane[0]))
+                break
+    assert taken == {j2}
+
+
+def test_a_vehicle_with_no_other_way_than_one_that_closes_leaves_at_its_taper():
+    """Where the way that closes up is the only one (A leading into J1 alone), the vehicle
+    takes it, stops before the taper inside the junction and leaves the network there, as at
+    an open road end, instead of standing in the junction until the last-resort respawn."""
+    rm = _junction_with_a_way_that_closes()
+    a, j1 = rm.key_index[(1, 0, -1)], rm.key_index[(2, 0, -1)]
+    world = LiteWorld(rm, SimConfig(vehicles=1, walkers=0, offroad_margin=None,
+                                    traffic=TrafficParams(signals="none", stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(50.0, 60.0, 0.0))
+    world.v_lane[0], world.v_s[0], world.v_v[0] = a, 80.0, 8.0
+    world.v_path[0] = -1
+    world.v_path[0, :3] = (a, j1, rm.key_index[(4, 0, -1)])
+    seen_j1 = False
+    for _ in range(300):
+        world.step((0.0, -1.0))
+        seen_j1 |= bool(world.v_lane[0] == j1)
+        if world.npc_exits:
+            break
+    assert seen_j1 and world.npc_exits == 1

@@ -494,7 +494,8 @@ def _cl(clear, jix, a, b):
 def traffic_step(
     dt, t,
     # map
-    offset, ds, length, pts, yaw, junction, succ, conflict, jix, way_start, follow_way, exit_way,
+    offset, ds, length, pts, yaw, junction, succ, choose, conflict, jix, way_start, follow_way,
+    exit_way,
     lane_light, lane_vmax, taper_stop,
     # vehicles (modified in place)
     lane, s, v, acc, path, grant, entered, wait, stuck, hl, hw, vfac, vcap, amax, bcomf, lat,
@@ -527,6 +528,8 @@ def traffic_step(
     for the waits-for graph (:func:`wait_cycles`): another vehicle's index (its leader, or the one
     keeping its junction reservation from being granted), or NO_BLOCKER, BLOCKED_EGO (the ego),
     BLOCKED_OTHER (a walker, a tapered lane end), BLOCKED_LIGHT (a red or yellow light).
+    ``choose``: the successor table paths are drawn on from (``succ`` less the ways that only
+    lead into a lane closing up, world.way_choices); ``succ`` serves everything else.
 
     ``stuck`` (per vehicle): seconds standing not explained by a red light. It runs while the
     vehicle stands, pauses while its waits-for chain (its leader, that one's leader, ..., each
@@ -1069,11 +1072,11 @@ def traffic_step(
                 path[i, k] = path[i, k + 1]
             last = path[i, K - 2]
             ns = 0
-            for q in range(succ.shape[1]):
-                if succ[last, q] >= 0:
+            for q in range(choose.shape[1]):
+                if choose[last, q] >= 0:
                     ns += 1
             if ns > 0:
-                path[i, K - 1] = succ[last, min(int(rnd[i] * ns), ns - 1)]
+                path[i, K - 1] = choose[last, min(int(rnd[i] * ns), ns - 1)]
             else:
                 path[i, K - 1] = -1
             lane[i] = path[i, 0]
@@ -1364,7 +1367,7 @@ def merge_request(taper_stop, offset, ds, length, pts, yaw, junction, left, righ
 
 
 @nb.njit(cache=True)
-def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, left_same,
+def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, choose, left, right, left_same,
                  right_same, lane_vmax, taper_stop, lane, s, v, acc, path, grant, hl, hw, vfac, vcap, amax, bcomf,
                  lat, lcfrom, lc_timer, ego_xy, ego_lane, ego_s, ego_v, rnd, s0, T, politeness,
                  threshold, b_safe, xy, project, entering, merge_lane, merge_reach):
@@ -1378,7 +1381,8 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
     the lane it left keeps it as a leader until it is across. ``merge_lane`` (out): per
     vehicle, the lane beside it that it asks to be let into because its own narrows within
     ``merge_reach`` m ahead (a lane drop; traffic.merge_yield, read by :func:`traffic_step`;
-    -1: none; 0 m: nobody asks). Returns the number of changes."""
+    -1: none; 0 m: nobody asks). A vehicle's path on from its new lane is drawn on ``choose``
+    (as traffic_step's). Returns the number of changes."""
     n = lane.shape[0]
     K = path.shape[1]
     changes = 0
@@ -1489,15 +1493,15 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, left, right, 
         for k in range(1, K):
             last = path[i, k - 1]
             ns = 0
-            for q in range(succ.shape[1]):
-                if succ[last, q] >= 0:
+            for q in range(choose.shape[1]):
+                if choose[last, q] >= 0:
                     ns += 1
             if ns == 0:
                 for kk in range(k, K):
                     path[i, kk] = -1
                 break
             r = (r * 7.0) % 1.0
-            path[i, k] = succ[last, min(int(r * ns), ns - 1)]
+            path[i, k] = choose[last, min(int(r * ns), ns - 1)]
         changes += 1
     return changes
 

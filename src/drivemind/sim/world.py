@@ -131,8 +131,17 @@ class LiteWorld:
         beside = (((self._lc_left >= 0) & roadmap.left_same_dir)
                   | ((self._lc_right >= 0) & roadmap.right_same_dir))
         narrows = np.add.reduceat(np.isfinite(self.taper_stop), roadmap.offset[:-1]) > 0
-        self._closed_exit = self._dead_end & narrows & ~beside
-        self._has_closed_exits = bool(self._closed_exit.any())
+        # ... and, where a lane closes up with no lane beside, wherever its way on leads: no
+        # vehicle gets past the taper (scenariogeneration's full_junction_with_LaneDef: a
+        # junction's way narrowing from 4 m onto a road of 1 m lanes; the cars that took it
+        # stood in the junction, each blocking the ways across until respawned, 45 times in
+        # 600 s, and the expert stood 400 s behind them). Paths keep off such ways where the
+        # lane before offers another (``_succ_choice``)
+        # (no lane changes inside junctions: a junction's lane has no lane beside to move into)
+        closed = narrows & (~beside | (roadmap.junction >= 0))
+        self._closed_exit = closed
+        self._has_closed_exits = bool(closed.any())
+        self._succ_choice = way_choices(self.succ, closed) if self._has_closed_exits else self.succ
         self._overtake = tp.overtake == "oncoming"
         # junctions joined by short links (traffic.junction_chain): which lanes are such links
         # (one id per link), the link each junction lane leads into, and how far a vehicle may
@@ -323,12 +332,13 @@ class LiteWorld:
         K.poses(*self._m, self.v_lane, self.v_s, self.v_xy, self.v_yaw)
 
     def _fill_path(self, i: int) -> None:
-        """Vehicle i's path: its lane, then random successors."""
+        """Vehicle i's path: its lane, then random successors (``_succ_choice``: none that only
+        leads into a lane closing up, where another way on is left)."""
         lane = int(self.v_lane[i])
         self.v_path[i] = -1
         self.v_path[i, 0] = lane
         for k in range(1, PATH_LEN):
-            nxt = self.succ[lane][self.succ[lane] >= 0]
+            nxt = self._succ_choice[lane][self._succ_choice[lane] >= 0]
             if len(nxt) == 0:
                 break
             lane = int(nxt[self.rng.integers(len(nxt))])
@@ -350,8 +360,8 @@ class LiteWorld:
                          self.time, int(self.v_id[i]), limit, old[0], old[1], k)
 
     def _exit_dead_ends(self) -> None:
-        """Vehicles at the end of a lane with no way on (or standing where such a lane closes up,
-        with no lane beside to move into) leave the network: each is put back at a free spawn
+        """Vehicles at the end of a lane with no way on (or standing where a lane closes up with
+        no lane beside to move into) leave the network: each is put back at a free spawn
         point away from the ego, counted in ``npc_exits`` (a vehicle that finds no free point
         stays and tries again next step)."""
         lane = self.v_lane
@@ -474,12 +484,13 @@ class LiteWorld:
         """Vehicle i, standing before a junction it has no reservation for, switches to another
         way through (one leaving the same lane); False if it has none or is not at a junction."""
         path, junction, succ = self.v_path[i], self.map.junction, self.succ
+        choice = self._succ_choice
         k = self.junction_entry(i)
         j = int(self.v_blocker[i])
         if k is None or self.v_grant[i] == path[k] or j < 0 or int(self.v_lane[j]) in path[:k]:
             return False  # not at a junction, or waiting for its leader rather than for the junction
         inc, cur = int(path[k - 1]), int(path[k])
-        alts = [int(c) for c in succ[inc] if c >= 0 and c != cur and junction[c] >= 0]
+        alts = [int(c) for c in choice[inc] if c >= 0 and c != cur and junction[c] >= 0]
         if not alts:
             return False
         need = 2.0 * self.v_hl[i] + self.cfg.traffic.idm_s0 + 1.0
@@ -501,7 +512,7 @@ class LiteWorld:
         path[k] = alt
         lane = alt
         for q in range(k + 1, PATH_LEN):
-            nxt = succ[lane][succ[lane] >= 0]
+            nxt = choice[lane][choice[lane] >= 0]
             if not len(nxt):
                 break
             lane = int(nxt[self.rng.integers(len(nxt))])
@@ -634,7 +645,8 @@ class LiteWorld:
         if n and tp.lane_changes and self._multilane and self.frame % LC_EVERY == 0:
             rm = self.map
             self.lane_change_total += K.lane_changes(
-                dt * LC_EVERY, *self._m, rm.junction, self.succ, self._lc_left, self._lc_right,
+                dt * LC_EVERY, *self._m, rm.junction, self.succ, self._succ_choice,
+                self._lc_left, self._lc_right,
                 rm.left_same_dir, rm.right_same_dir, self.lane_vmax, self.taper_stop, self.v_lane,
                 self.v_s, self.v_v, self.v_acc,
                 self.v_path, self.v_grant, self.v_hl, self.v_hw, self.v_vfac, self.v_vcap,
@@ -663,7 +675,8 @@ class LiteWorld:
             ego_merge = self._ego_merge_request(ego_lane, ego_s, ehl)
         if n:
             m = K.traffic_step(
-                dt, self.time, *self._m, self.map.junction, self.succ, self.conflict.data,
+                dt, self.time, *self._m, self.map.junction, self.succ, self._succ_choice,
+                self.conflict.data,
                 self.conflict.index, self.way_start,
                 tp.diverging_follow == "way", tp.junction_exit == "way",
                 self.lights.lane_light, self.lane_vmax, self.taper_stop,
@@ -692,7 +705,7 @@ class LiteWorld:
                 self._break_wait_cycles(tp.wait_cycle_after)
             if tp.stuck_respawn is not None and m > tp.stuck_respawn:
                 self._respawn_stuck()
-            if self._has_dead_ends:
+            if self._has_dead_ends or self._has_closed_exits:
                 self._exit_dead_ends()
         if len(self.w_xy):
             moved = tp.walker_velocity == "moved"
@@ -871,6 +884,36 @@ class LiteWorld:
 
     def close(self):
         pass
+
+
+def way_choices(succ: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    """The successor table the traffic draws its paths from: ``succ`` less the lanes whose every
+    way on ends in a lane of ``closed`` (one that closes up with no lane beside to move into, so
+    that nobody gets past its taper), where the lane before offers another way. A lane with no
+    successor (an open road end, where vehicles leave) is not such a way."""
+    L = len(succ)
+    nxt = [np.unique(row[row >= 0]) for row in succ]
+    dead = closed.astype(bool).copy()
+    left = np.array([len(x) for x in nxt])  # successors not yet known to lead only into a closed lane
+    pred: list[list[int]] = [[] for _ in range(L)]
+    for a in range(L):
+        for b in nxt[a]:
+            pred[int(b)].append(a)
+    todo = list(np.flatnonzero(dead))
+    while todo:
+        b = todo.pop()
+        for a in pred[b]:
+            left[a] -= 1
+            if left[a] == 0 and not dead[a]:
+                dead[a] = True
+                todo.append(a)
+    out = succ.copy()
+    for a in range(L):
+        keep = nxt[a][~dead[nxt[a]]]
+        if 0 < len(keep) < len(nxt[a]):
+            out[a] = -1
+            out[a, :len(keep)] = keep
+    return out
 
 
 def taper_stops(rm: RoadMap, narrow: np.ndarray) -> np.ndarray:
