@@ -371,3 +371,18 @@ def test_a_vehicle_with_no_other_way_than_one_that_closes_leaves_at_its_taper():
         if world.npc_exits:
             break
     assert seen_j1 and world.npc_exits == 1
+
+
+def test_way_choices_keeps_off_ways_that_only_lead_into_a_closing_lane():
+    """On the successor table alone: lane 0 leads on by 1 and 2; 1 leads only into 3, which
+    closes up, so 1 is dropped from 0's choices too; 2 leads into 4, an open road end (vehicles
+    leave there: no such way). Lane 5 has only the way into 3 and keeps it."""
+    from drivemind.sim.world import way_choices
+    succ = np.array([[1, 2], [3, -1], [4, -1], [-1, -1], [-1, -1], [3, -1]])
+    closed = np.array([False, False, False, True, False, False])
+    out = way_choices(succ, closed)
+    assert out[0].tolist() == [2, -1]
+    assert out[5].tolist() == [3, -1] and out[1].tolist() == [3, -1]
+    assert np.array_equal(out[2:5], succ[2:5])
+    # with nothing closed the table is the map's
+    assert np.array_equal(way_choices(succ, np.zeros(6, bool)), succ)

@@ -131,13 +131,12 @@ class LiteWorld:
         beside = (((self._lc_left >= 0) & roadmap.left_same_dir)
                   | ((self._lc_right >= 0) & roadmap.right_same_dir))
         narrows = np.add.reduceat(np.isfinite(self.taper_stop), roadmap.offset[:-1]) > 0
-        # ... and, where a lane closes up with no lane beside, wherever its way on leads: no
-        # vehicle gets past the taper (scenariogeneration's full_junction_with_LaneDef: a
-        # junction's way narrowing from 4 m onto a road of 1 m lanes; the cars that took it
-        # stood in the junction, each blocking the ways across until respawned, 45 times in
-        # 600 s, and the expert stood 400 s behind them). Paths keep off such ways where the
-        # lane before offers another (``_succ_choice``)
-        # (no lane changes inside junctions: a junction's lane has no lane beside to move into)
+        # ... and so does one that closes up where its way goes on: nobody gets past the taper.
+        # A junction's lanes have no lane beside to move into (no lane changes there).
+        # scenariogeneration's full_junction_with_LaneDef has a way through narrowing from 4 m
+        # onto a road of 1 m lanes: the cars that took it stood in the junction, blocking the
+        # ways across until respawned (45 times in 600 s), and the expert stood 400 s behind
+        # them. Paths keep off such ways where the lane before offers another (``_succ_choice``)
         closed = narrows & (~beside | (roadmap.junction >= 0))
         self._closed_exit = closed
         self._has_closed_exits = bool(closed.any())
@@ -887,30 +886,26 @@ class LiteWorld:
 
 
 def way_choices(succ: np.ndarray, closed: np.ndarray) -> np.ndarray:
-    """The successor table the traffic draws its paths from: ``succ`` less the lanes whose every
-    way on ends in a lane of ``closed`` (one that closes up with no lane beside to move into, so
-    that nobody gets past its taper), where the lane before offers another way. A lane with no
-    successor (an open road end, where vehicles leave) is not such a way."""
-    L = len(succ)
-    nxt = [np.unique(row[row >= 0]) for row in succ]
+    """The successor table the traffic draws its paths from: ``succ`` less the lanes of
+    ``closed`` (each closes up with no lane beside to move into: nobody gets past its taper) and
+    the lanes whose every way on leads only into such lanes, where the lane before offers another
+    way on. A lane with no successor (an open road end, where vehicles leave) is no such way."""
     dead = closed.astype(bool).copy()
-    left = np.array([len(x) for x in nxt])  # successors not yet known to lead only into a closed lane
-    pred: list[list[int]] = [[] for _ in range(L)]
-    for a in range(L):
-        for b in nxt[a]:
-            pred[int(b)].append(a)
+    left = (succ >= 0).sum(axis=1)  # ways on not yet known to lead only into closed lanes
+    pred = _predecessors(succ)
     todo = list(np.flatnonzero(dead))
     while todo:
         b = todo.pop()
-        for a in pred[b]:
+        for a in pred[b][pred[b] >= 0]:
             left[a] -= 1
             if left[a] == 0 and not dead[a]:
                 dead[a] = True
-                todo.append(a)
+                todo.append(int(a))
     out = succ.copy()
-    for a in range(L):
-        keep = nxt[a][~dead[nxt[a]]]
-        if 0 < len(keep) < len(nxt[a]):
+    for a in np.flatnonzero((succ >= 0).any(axis=1)):
+        row = succ[a][succ[a] >= 0]
+        keep = row[~dead[row]]
+        if 0 < len(keep) < len(row):
             out[a] = -1
             out[a, :len(keep)] = keep
     return out
