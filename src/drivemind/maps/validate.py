@@ -568,11 +568,8 @@ def level_crossings(records, near: float = 0.5, min_turn_deg: float = 20.0,
         return []
     xy, zz, hd, owner = [], [], [], []
     for k, r in enumerate(recs):
-        p, z = np.asarray(r.points, float), np.asarray(r.z, float)
-        if len(z) != len(p):  # points spliced in from a lane too short to keep
-            z = np.interp(np.linspace(0.0, 1.0, len(p)), np.linspace(0.0, 1.0, len(z)), z)
-        step = np.hypot(*np.diff(p, axis=0).T)
-        s = np.concatenate([[0.0], np.cumsum(step)])
+        p = np.asarray(r.points, float)
+        z, s = _heights(r, len(p)), _arc(p)
         inside = (s > end_margin) & (s < s[-1] - end_margin)
         if not inside.any():
             continue
