@@ -1070,15 +1070,7 @@ def traffic_step(
             s[i] -= length[lane[i]]
             for k in range(K - 1):
                 path[i, k] = path[i, k + 1]
-            last = path[i, K - 2]
-            ns = 0
-            for q in range(choose.shape[1]):
-                if choose[last, q] >= 0:
-                    ns += 1
-            if ns > 0:
-                path[i, K - 1] = choose[last, min(int(rnd[i] * ns), ns - 1)]
-            else:
-                path[i, K - 1] = -1
+            path[i, K - 1] = _draw_next(choose, path[i, K - 2], rnd[i])
             lane[i] = path[i, 0]
         if s[i] > length[lane[i]]:
             s[i] = length[lane[i]]
@@ -1263,6 +1255,17 @@ def _leaving_beside(offset, ds, length, pts, yaw, lane, s, hl, lat, lcfrom, n, t
         if abs(sj - s_t) < reach + hl[j]:
             return True
     return False
+
+
+@nb.njit(cache=True, inline="always")
+def _draw_next(choose, last, r):
+    """The lane a path goes on to after lane ``last``, drawn with ``r`` (in [0, 1)) among its
+    ways on in ``choose`` (a -1 padded successor table); -1 where it has none."""
+    ns = 0
+    for q in range(choose.shape[1]):
+        if choose[last, q] >= 0:
+            ns += 1
+    return choose[last, min(int(r * ns), ns - 1)] if ns > 0 else -1
 
 
 @nb.njit(cache=True)
@@ -1491,17 +1494,13 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, choose, left,
         path[i, 0] = best
         r = rnd[i]
         for k in range(1, K):
-            last = path[i, k - 1]
-            ns = 0
-            for q in range(choose.shape[1]):
-                if choose[last, q] >= 0:
-                    ns += 1
-            if ns == 0:
+            nxt = _draw_next(choose, path[i, k - 1], (r * 7.0) % 1.0)
+            if nxt < 0:
                 for kk in range(k, K):
                     path[i, kk] = -1
                 break
             r = (r * 7.0) % 1.0
-            path[i, k] = choose[last, min(int(r * ns), ns - 1)]
+            path[i, k] = nxt
         changes += 1
     return changes
 

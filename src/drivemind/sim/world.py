@@ -330,18 +330,22 @@ class LiteWorld:
         self.v_yaw = np.zeros(n)
         K.poses(*self._m, self.v_lane, self.v_s, self.v_xy, self.v_yaw)
 
-    def _fill_path(self, i: int) -> None:
-        """Vehicle i's path: its lane, then random successors (``_succ_choice``: none that only
-        leads into a lane closing up, where another way on is left)."""
-        lane = int(self.v_lane[i])
-        self.v_path[i] = -1
-        self.v_path[i, 0] = lane
-        for k in range(1, PATH_LEN):
-            nxt = self._succ_choice[lane][self._succ_choice[lane] >= 0]
+    def _fill_path(self, i: int, k: int = 0) -> None:
+        """Vehicle i's path on from its ``k``-th lane (0: its lane, the path drawn anew): random
+        successors (``_succ_choice``: none that only leads into a lane closing up, where another
+        way on is left)."""
+        path, choice = self.v_path[i], self._succ_choice
+        if k == 0:
+            path[:] = -1
+            path[0] = int(self.v_lane[i])
+        path[k + 1:] = -1
+        lane = int(path[k])
+        for q in range(k + 1, PATH_LEN):
+            nxt = choice[lane][choice[lane] >= 0]
             if len(nxt) == 0:
                 break
             lane = int(nxt[self.rng.integers(len(nxt))])
-            self.v_path[i, k] = lane
+            path[q] = lane
 
     def _respawn_stuck(self) -> None:
         """Last resort, as SUMO's teleport: a vehicle standing longer than ``stuck_respawn``
@@ -374,8 +378,8 @@ class LiteWorld:
 
     def _at_closed_exit(self, i: int) -> bool:
         """Vehicle ``i`` stands with its front within the standstill gap and a metre of where a
-        lane of its path (its own, or one of the next two) closes up with no way on
-        (``_closed_exit``)."""
+        lane of its path (its own, or one of the next two) closes up with no lane beside to move
+        into (``_closed_exit``)."""
         rm, s = self.map, float(self.v_s[i])
         ahead = -s  # metres from the vehicle to the start of the path's lane k
         for k in range(3):
@@ -483,13 +487,12 @@ class LiteWorld:
         """Vehicle i, standing before a junction it has no reservation for, switches to another
         way through (one leaving the same lane); False if it has none or is not at a junction."""
         path, junction, succ = self.v_path[i], self.map.junction, self.succ
-        choice = self._succ_choice
         k = self.junction_entry(i)
         j = int(self.v_blocker[i])
         if k is None or self.v_grant[i] == path[k] or j < 0 or int(self.v_lane[j]) in path[:k]:
             return False  # not at a junction, or waiting for its leader rather than for the junction
         inc, cur = int(path[k - 1]), int(path[k])
-        alts = [int(c) for c in choice[inc] if c >= 0 and c != cur and junction[c] >= 0]
+        alts = [int(c) for c in self._succ_choice[inc] if c >= 0 and c != cur and junction[c] >= 0]
         if not alts:
             return False
         need = 2.0 * self.v_hl[i] + self.cfg.traffic.idm_s0 + 1.0
@@ -507,15 +510,8 @@ class LiteWorld:
             return not bool(on.any())
 
         alt = next((c for c in alts if exit_free(c)), alts[0])
-        path[k:] = -1
         path[k] = alt
-        lane = alt
-        for q in range(k + 1, PATH_LEN):
-            nxt = choice[lane][choice[lane] >= 0]
-            if not len(nxt):
-                break
-            lane = int(nxt[self.rng.integers(len(nxt))])
-            path[q] = lane
+        self._fill_path(i, k)
         return True
 
     def _spawn_walkers(self):
