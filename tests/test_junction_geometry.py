@@ -235,16 +235,21 @@ def test_the_autopilot_keeps_to_its_lane_through_a_hairpin():
     assert worst < 0.4, f"the ego left the centre line by {worst:.2f} m"
 
 
-def linked_junctions():
+def linked_junctions(link_pieces=1):
     """Two junctions joined by a 2 m link (as Town07's 350 and 479): a west-east way through
     junction 1 (lane l1), the link, and on through junction 2 (lane l2), which a south-north way
-    (lane w, the ego's) crosses at (0, 0)."""
+    (lane w, the ego's) crosses at (0, 0). ``link_pieces``: the link in that many lanes, one after
+    the other (short lane sections, as CommonRoad's exports have; ``k`` is the first)."""
     keys = dict(a1=(1, 0, -1), l1=(10, 0, -1), k=(2, 0, -1), l2=(11, 0, -1), x2=(3, 0, -1),
                 ein=(4, 0, -1), w=(12, 0, -1), eout=(5, 0, -1))
+    pieces = [keys["k"]] + [(20 + p, 0, -1) for p in range(1, link_pieces)]
+    xs = np.linspace(-7.0, -5.0, link_pieces + 1)
     recs = [
         _rec(keys["a1"], _line((-77.0, 0.0), (-17.0, 0.0)), succ=[keys["l1"]]),
         _rec(keys["l1"], _line((-17.0, 0.0), (-7.0, 0.0)), junction=1, succ=[keys["k"]]),
-        _rec(keys["k"], _line((-7.0, 0.0), (-5.0, 0.0)), succ=[keys["l2"]]),
+        *[_rec(key, _line((xs[p], 0.0), (xs[p + 1], 0.0)),
+               succ=[pieces[p + 1] if p + 1 < link_pieces else keys["l2"]])
+          for p, key in enumerate(pieces)],
         _rec(keys["l2"], _line((-5.0, 0.0), (5.0, 0.0)), junction=2, succ=[keys["x2"]]),
         _rec(keys["x2"], _line((5.0, 0.0), (65.0, 0.0))),
         _rec(keys["ein"], _line((0.0, -65.0), (0.0, -5.0)), succ=[keys["w"]]),
@@ -324,18 +329,50 @@ def test_the_autopilot_crosses_two_junctions_joined_by_a_short_link_as_one():
     assert pilot._junction_gap(snap, here) == math.inf
 
 
-@pytest.mark.parametrize("exit_rule", ["way", "lane"])
-def test_a_vehicle_waits_before_a_junction_whose_short_link_leads_across_the_ego(exit_rule):
+def test_the_autopilot_in_a_junction_before_a_short_link_waits_there_only_for_moving_vehicles():
+    """The ego is in junction 1, 2 m short of the link into junction 2; a car stands in junction
+    2 on the way crossing ours, its rear still by the crossing. The expert does not wait for it at
+    junction 2's entry (there it stood in junction 1, in the way of the vehicles that the one it
+    waited for was waiting for: CommonRoad's roundabout, a minute at a time): its corridor brings
+    it up to the car's box instead. A car coming on along that way is still given way to."""
+    from drivemind.maps.routing import plan_route
+
+    rm, ix = linked_junctions()
+    cfg = SimConfig(vehicles=1, walkers=0, traffic=TrafficParams(signals="none"))
+    world = LiteWorld(rm, cfg)
+    route = plan_route(rm, (ix["a1"], 20.0), (ix["x2"], 40.0))
+    half = cfg.ego.length / 2
+    for s, v in ((8.0, 0.0), (1.0, 6.0)):
+        world.reset(seed=0, ego_pose=(-5.0 - half - 2.0, 0.0, 0.0))
+        _place(world, 0, ix["w"], s, v, [ix["w"], ix["eout"]])
+        world.v_vcap[0] = 30.0 if v else 0.0
+        world.v_grant[0], world.v_entered[0] = ix["w"], True
+        pilot, snap, here = _expert(world, rm, route, cfg)
+        assert world._ego_lane == ix["l1"]
+        if v:
+            assert pilot._junction_gap(snap, here) < 2.5  # it waits at junction 2's entry
+        else:
+            assert s - world.v_hl[0] < pilot.crossings[1].conflicts[ix["w"]][1]  # by the crossing
+            assert pilot._junction_gap(snap, here) == math.inf
+            assert pilot._corridor_gap(snap, here) < 5.0  # and stops at the car
+
+
+@pytest.mark.parametrize("exit_rule, link_pieces", [("way", 1), ("lane", 1), ("way", 4)])
+def test_a_vehicle_waits_before_a_junction_whose_short_link_leads_across_the_ego(exit_rule,
+                                                                                link_pieces):
     """The ego stands in junction 2 across the way a car would take on from junction 1 through
     the 2 m link. The car waits before junction 1; with 'lane' (the rule before) it went in and
-    stood in junction 1, in the way of an ego waiting there for it (Town07)."""
-    rm, ix = linked_junctions()
+    stood in junction 1, in the way of an ego waiting there for it (Town07). With the link in
+    four lanes the car's path of PATH_LEN lanes ends on the link, before junction 2: it is run on
+    along the only way on (before, a path that ran out was taken as room enough, and the car
+    went in: CommonRoad's roundabout, whose ring links are 1.2 m lanes)."""
+    rm, ix = linked_junctions(link_pieces)
     cfg = SimConfig(vehicles=1, walkers=0, traffic=TrafficParams(
         signals="none", stuck_respawn=None, wait_cycle_after=None, junction_exit=exit_rule))
     world = LiteWorld(rm, cfg)
     world.reset(seed=0, ego_pose=(0.0, -1.0, math.pi / 2))
-    _place(world, 0, ix["a1"], rm.length[ix["a1"]] - 30.0, 6.0,
-           [ix["a1"], ix["l1"], ix["k"], ix["l2"], ix["x2"]])
+    _place(world, 0, ix["a1"], rm.length[ix["a1"]] - 30.0, 6.0, [ix["a1"], ix["l1"], ix["k"]])
+    assert (ix["l2"] in world.v_path[0].tolist()) == (link_pieces == 1)
     K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
     for _ in range(150):  # 15 s, the ego standing
         world.step((0.0, -1.0))
@@ -344,3 +381,27 @@ def test_a_vehicle_waits_before_a_junction_whose_short_link_leads_across_the_ego
         assert world.v_lane[0] == ix["a1"] and world.v_grant[0] == -1
     else:
         assert world.v_lane[0] in (ix["l1"], ix["k"])
+
+
+def test_a_path_is_run_on_along_the_only_way_on_and_says_where_it_forks():
+    """kernels._path_on: the drawn path, then each last lane's only way on (the table paths are
+    drawn from) as far as the buffer holds; it stops at a lane with several ways on (and says so)
+    or none. A path that ends before PATH_LEN lanes is a dead end and is not run on."""
+    # lanes 0 -> 1 -> ... -> 7 -> 8 (the only way on each), 8 -> 9 or 10 (junction lanes)
+    choose = np.full((11, 2), -1, np.int64)
+    for a in range(8):
+        choose[a, 0] = a + 1
+    choose[8] = (9, 10)
+    junction = np.array([-1] * 9 + [3, 3], np.int64)
+    path = np.array([[0, 1, 2, 3, 4, 5]], np.int64)
+    out = np.full((1, 24), -1, np.int64)
+    na, fork = K._path_on(path, 0, choose, out)
+    assert (na, fork) == (9, True) and out[0, :na].tolist() == list(range(9))
+    assert K._all_into_junction(choose, 8, junction)
+    assert not K._all_into_junction(choose, 7, junction)
+    # run on up to the buffer's length only
+    short = np.full((1, 7), -1, np.int64)
+    assert K._path_on(path, 0, choose, short) == (7, False)
+    # a path that ends before its last slot: a dead end, as drawn
+    ended = np.array([[0, 1, 2, -1, -1, -1]], np.int64)
+    assert K._path_on(ended, 0, choose, out) == (3, False) and out[0, 3] == -1

@@ -396,7 +396,16 @@ class Autopilot:
                 break
             if v * v / (2.0 * COMMIT_DECEL) > front + 0.5:
                 return math.inf  # we could not stop short of it any more
-            if self._must_yield(cr, snap, here):
+            # still in the junction before, joined to this one by a stretch too short to stand
+            # on: we wait there only for vehicles that move. One standing in this junction is
+            # not waited for: if it stands in our way the corridor stops us at it; where it does
+            # not, it may be waiting for us to leave the junction we stand in (CommonRoad's
+            # roundabout, four junctions on a two-way ring: the expert stood a minute in the one
+            # before while the vehicle it waited for waited for a third that waited for it)
+            moving = (n > 0 and cr.entry - self.crossings[n - 1].exit
+                      < self.ego.length + SHORT_LINK_MARGIN
+                      and at - half < self.crossings[n - 1].exit)
+            if self._must_yield(cr, snap, here, moving_only=moving):
                 return front
             # junctions joined by a stretch too short to stand on are crossed as one: we also
             # wait before the first while a vehicle in one after it is on a lane crossing our way
@@ -407,13 +416,14 @@ class Autopilot:
             for nxt in self.crossings[n + 1:]:
                 if nxt.entry - last.exit >= self.ego.length + SHORT_LINK_MARGIN:
                     break
-                if self._must_yield(nxt, snap, here, inside_only=True):
+                if self._must_yield(nxt, snap, here, inside_only=True, moving_only=moving):
                     return front
                 last = nxt
             return math.inf
         return math.inf
 
-    def _must_yield(self, cr: "_Crossing", snap, here, inside_only: bool = False) -> bool:
+    def _must_yield(self, cr: "_Crossing", snap, here, inside_only: bool = False,
+                    moving_only: bool = False) -> bool:
         act = snap.actors
         if len(act) == 0:
             return False
@@ -431,6 +441,8 @@ class Autopilot:
             hl = float(act.extent[a, 0])
             on = _match_lanes(rm, cr, x, y, yaw)
             if on is not None:  # inside the junction, on these lanes
+                if moving_only and speed[a] < 0.3:
+                    continue
                 for lane, s in on:
                     c = cr.conflicts.get(lane)
                     if c is not None and s - hl < c[1]:

@@ -12,7 +12,7 @@ import numba as nb
 import numpy as np
 
 INF = 1e9
-PATH_EXTEND = 4  # a path is run on to at most this many times its lanes for the walker check
+PATH_EXTEND = 4  # a path is run on to at most this many times its lanes (walker and room checks)
 MERGE_ROOM = 1.0  # m: the room a vehicle letting another in (traffic.merge_yield) leaves beyond s0
 FORCED_LC_REACH = 30.0  # m past a lane's end within which a forced lane change (merge_yield) also
 #                      reads the vehicles on the lanes it leads to
@@ -659,6 +659,7 @@ def traffic_step(
             if link_id[path[req[q], nxt_k[req[q]] - 1]] >= 0:
                 keys[q] -= 1e9  # in a chain of junctions: asks first
         order = np.argsort(keys)
+        way_on = np.full((1, PATH_EXTEND * K), -1, np.int64)  # a path run on (the room check)
         claimed = np.empty(nr, np.int64)  # connectors of long waiters not granted this step
         claimer = np.empty(nr, np.int64)
         ncl = 0
@@ -742,15 +743,21 @@ def traffic_step(
                 # ``exit_way`` beyond the whole way through, not its first lane
                 k = nxt_k[i]
                 need = 2.0 * hl[i] + s0 + 1.0
-                kx = _way_end(path, i, k, junction, K) if exit_way else k + 1
-                if kx < K and path[i, kx] >= 0:
-                    e = path[i, kx]
+                # its path, and on past the lanes drawn where they run out, as far as the way on
+                # is the only one (PATH_LEN lanes of short links and sections can end before the
+                # next junction, which was then taken for no junction at all: CommonRoad's
+                # roundabout, a car let into a way with no room beyond, in front of the ego)
+                na, branch = _path_on(path, i, choose, way_on)
+                kx = _way_end(way_on, 0, k, junction, na) if exit_way else k + 1
+                if kx < na and way_on[0, kx] >= 0:
+                    e = way_on[0, kx]
                     free = 0.0
                     kk = kx
                     blocked_at = INF
                     room_by = BLOCKED_OTHER  # who takes the room (the first one there)
-                    while kk < K and path[i, kk] >= 0 and junction[path[i, kk]] < 0 and free < need:
-                        ln = path[i, kk]
+                    while (kk < na and way_on[0, kk] >= 0 and junction[way_on[0, kk]] < 0
+                           and free < need):
+                        ln = way_on[0, kk]
                         for j in range(n):
                             if j != i and lane[j] == ln and free + s[j] - hl[j] < blocked_at:
                                 blocked_at = free + s[j] - hl[j]
@@ -762,10 +769,14 @@ def traffic_step(
                             break
                         free += length[ln]
                         kk += 1
+                    # where the lanes known run out at a lane with several ways on, all of them
+                    # into a junction: the next junction is there, its way through unknown
+                    fork = (kk >= na and branch and free < need
+                            and _all_into_junction(choose, way_on[0, na - 1], junction))
                     if blocked_at < free or blocked_at < INF:
                         free = blocked_at
-                    elif free < need and (kk >= K or path[i, kk] < 0):
-                        free = INF  # the path ends (off its look-ahead): room enough
+                    elif free < need and (kk >= na or way_on[0, kk] < 0) and not fork:
+                        free = INF  # the path ends (or forks off the junctions): room enough
                     granted_in = False
                     for j in range(n):
                         if j == i or grant[j] < 0:
@@ -784,13 +795,15 @@ def traffic_step(
                         free += store[c]
                     if free < need:
                         # a stretch shorter than a car to the next junction will do if it is empty
-                        short = kk < K and path[i, kk] >= 0 and junction[path[i, kk]] >= 0
+                        short = fork or (kk < na and way_on[0, kk] >= 0
+                                         and junction[way_on[0, kk]] >= 0)
                         if not (short and blocked_at == INF and free >= 0.0
                                 and not (short_empty and granted_in)):
                             ok = False
                             rej[i] = room_by
-                        elif exit_way and _ego_in_way(path, i, kk, junction, conflict, jix,
-                                                      ego_lane, ego_jlanes, ego_nj):
+                        elif exit_way and _ego_in_ways(
+                                choose, way_on[0, na - 1], fork, way_on[0, min(kk, na - 1)],
+                                junction, conflict, jix, ego_lane, ego_jlanes, ego_nj):
                             # ... and not while the ego is in the way on through that junction:
                             # it stood in the first, in the way of the ego waiting to leave the
                             # second for it (Town07)
@@ -1136,10 +1149,63 @@ def _way_end(path, i, k, junction, K):
 
 
 @nb.njit(cache=True)
-def _ego_in_way(path, i, k, junction, conflict, jix, ego_lane, ego_jlanes, ego_nj):
-    """Whether the ego is on a junction lane crossing the way through that starts at index k of
-    vehicle i's path."""
-    c = path[i, k]
+def _path_on(path, i, choose, way_on):
+    """Vehicle i's path into ``way_on[0]`` and on past its last drawn lane while that lane has
+    only one way on (``choose``), as far as ``way_on`` holds. Returns the number of lanes known and
+    whether they end at a lane with several ways on."""
+    K = path.shape[1]
+    way_on[0, :] = -1
+    na = 0
+    for k in range(K):
+        if path[i, k] < 0:
+            return na, False
+        way_on[0, k] = path[i, k]
+        na += 1
+    while na < way_on.shape[1]:
+        last = way_on[0, na - 1]
+        nxt, cnt = -1, 0
+        for q in range(choose.shape[1]):
+            if choose[last, q] >= 0:
+                nxt = choose[last, q]
+                cnt += 1
+        if cnt != 1:
+            return na, cnt > 1
+        way_on[0, na] = nxt
+        na += 1
+    last = way_on[0, na - 1]
+    cnt = 0
+    for q in range(choose.shape[1]):
+        if choose[last, q] >= 0:
+            cnt += 1
+    return na, cnt > 1
+
+
+@nb.njit(cache=True, inline="always")
+def _all_into_junction(choose, lane, junction):
+    """Whether every way on from ``lane`` (``choose``) is a junction lane."""
+    for q in range(choose.shape[1]):
+        e = choose[lane, q]
+        if e >= 0 and junction[e] < 0:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def _ego_in_ways(choose, last, fork, c, junction, conflict, jix, ego_lane, ego_jlanes, ego_nj):
+    """Whether the ego is on a junction lane crossing the way through that starts with lane c,
+    or (``fork``) any of those that start with the ways on from lane ``last``."""
+    if not fork:
+        return _ego_in_way(c, junction, conflict, jix, ego_lane, ego_jlanes, ego_nj)
+    for q in range(choose.shape[1]):
+        e = choose[last, q]
+        if e >= 0 and _ego_in_way(e, junction, conflict, jix, ego_lane, ego_jlanes, ego_nj):
+            return True
+    return False
+
+
+@nb.njit(cache=True)
+def _ego_in_way(c, junction, conflict, jix, ego_lane, ego_jlanes, ego_nj):
+    """Whether the ego is on a junction lane crossing the way through that starts with lane c."""
     if ego_lane >= 0 and junction[ego_lane] >= 0 and _cf(conflict, jix, c, ego_lane):
         return True
     for q in range(ego_nj):
