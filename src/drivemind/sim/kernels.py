@@ -1148,36 +1148,36 @@ def _way_end(path, i, k, junction, K):
     return kx
 
 
+@nb.njit(cache=True, inline="always")
+def _only_way_on(choose, lane):
+    """(the way on from ``lane`` in ``choose`` if it is the only one, else -1; how many there are)"""
+    nxt, cnt = -1, 0
+    for q in range(choose.shape[1]):
+        if choose[lane, q] >= 0:
+            nxt = choose[lane, q]
+            cnt += 1
+    return (nxt if cnt == 1 else -1), cnt
+
+
 @nb.njit(cache=True)
 def _path_on(path, i, choose, way_on):
     """Vehicle i's path into ``way_on[0]`` and on past its last drawn lane while that lane has
-    only one way on (``choose``), as far as ``way_on`` holds. Returns the number of lanes known and
-    whether they end at a lane with several ways on."""
-    K = path.shape[1]
+    only one way on (``choose``), as far as ``way_on`` holds (a path that ends before PATH_LEN
+    lanes ends at a dead end, as drawn). Returns the number of lanes known and whether they end at
+    a lane with several ways on."""
     way_on[0, :] = -1
     na = 0
-    for k in range(K):
+    for k in range(path.shape[1]):
         if path[i, k] < 0:
             return na, False
         way_on[0, k] = path[i, k]
         na += 1
-    while na < way_on.shape[1]:
-        last = way_on[0, na - 1]
-        nxt, cnt = -1, 0
-        for q in range(choose.shape[1]):
-            if choose[last, q] >= 0:
-                nxt = choose[last, q]
-                cnt += 1
-        if cnt != 1:
+    while True:
+        nxt, cnt = _only_way_on(choose, way_on[0, na - 1])
+        if cnt != 1 or na == way_on.shape[1]:
             return na, cnt > 1
         way_on[0, na] = nxt
         na += 1
-    last = way_on[0, na - 1]
-    cnt = 0
-    for q in range(choose.shape[1]):
-        if choose[last, q] >= 0:
-            cnt += 1
-    return na, cnt > 1
 
 
 @nb.njit(cache=True, inline="always")
