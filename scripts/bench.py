@@ -1786,6 +1786,129 @@ def bench_maps(args) -> dict:
             "wall_s": round(time.perf_counter() - t0, 1), **machine()}
 
 
+SET_KEYS = {  # the figures a set's summary keeps per run (the whole JSON stays in --out)
+    "sim": ("npc_mean_speed_kmh", "npc_stopped_share_at_end", "npc_max_stuck_s", "npc_respawns",
+            "npc_collisions", "ego_collisions", "ego_routes_completed"),
+    "autopilot": ("route_completion", "collisions_caused", "mean_speed_kmh"),
+}
+XODR_SUFFIXES = (".xodr", ".xodr.xz", ".xodr.gz")
+
+
+def _set_runs(args) -> list[tuple[str, str, str | None, str]]:
+    """(key, town, map folder or None, density) of every run of a set: each OpenDRIVE file of
+    each folder named, and each other name as a town (built-in, shipped or on the search path)."""
+    densities = [d for d in args.densities.split(",") if d]
+    runs = []
+    for src in args.sources:
+        p = Path(src)
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.name.endswith(XODR_SUFFIXES))
+            if not files:
+                raise SystemExit(f"no .xodr files in {src}")
+            for f in files:
+                name = f.name[:f.name.index(".xodr")]
+                # by path: by name, a file named as a built-in town (esmini's curves.xodr) gave
+                # the built-in town
+                runs += [(f"{p.name}__{name}__{d}", str(f.resolve()), str(p.resolve()), d)
+                         for d in densities]
+        else:
+            runs += [(f"{src}__{d}", src, None, d) for d in densities]
+    keys = [r[0] for r in runs]
+    if len(set(keys)) != len(keys):
+        raise SystemExit("two runs of the set share a name (two folders of one name?); "
+                         "name each folder once")
+    return runs
+
+
+def _set_run(args, out: Path, run) -> tuple[str, dict, bool]:
+    """One run of a set: ``bench.py <bench>`` in a child process (its own DRIVEMIND_MAP_PATH),
+    its JSON written to ``out`` as it ends; a run already there is read back (a set resumes).
+    A run that fails keeps the last line of its error."""
+    key, town, folder, density = run
+    path = out / f"{key}.json"
+    if path.exists():
+        return key, json.loads(path.read_text()), False
+    cmd = [sys.executable, str(Path(__file__).resolve()), args.bench, "--town", town,
+           "--density", density]
+    if args.bench == "sim":
+        cmd += ["--seconds", str(args.seconds), "--seed", str(args.seed), "--cores", "0"]
+    for kv in args.traffic or []:
+        cmd += ["--traffic", kv]
+    env = dict(os.environ)
+    if folder is not None:
+        env["DRIVEMIND_MAP_PATH"] = folder
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        lines = proc.stdout.strip().splitlines()
+        try:
+            res = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        except json.JSONDecodeError:
+            res = None
+        if res is None:
+            err = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+            res = {"error": (err[-1] if err else f"exit status {proc.returncode}")[:400]}
+    except subprocess.TimeoutExpired:
+        res = {"error": f"timed out after {args.timeout} s (--timeout)"}
+    res["set_wall_s"] = round(time.perf_counter() - t0, 1)
+    path.write_text(json.dumps(res))
+    return key, res, True
+
+
+def bench_sim_set(args) -> dict:
+    """`sim` (or `autopilot`) on every network of a set: each OpenDRIVE file of the folders named
+    and each town named, at each density, ``--jobs`` runs at a time, each in its own process,
+    its JSON written to ``--out`` as it ends (run the same command again to resume). Reports per
+    run the figures of SET_KEYS (or its error), the totals, the runs that miss the issue-13 bars,
+    and with ``--compare`` (an earlier set's JSON) which runs give other figures than there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = _set_runs(args)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max(1, args.jobs)) as ex:
+        done = list(ex.map(lambda r: _set_run(args, out, r), runs))
+    keys = SET_KEYS[args.bench]
+    per_run = {k: ({"error": r["error"]} if "error" in r else {x: r.get(x) for x in keys})
+               for k, r, _ in done}
+    ok = {k: r for k, r in per_run.items() if "error" not in r}
+    result = {"what": "sim-set", "bench": args.bench, "sources": list(args.sources),
+              "densities": args.densities, "seed": args.seed, "traffic": args.traffic or [],
+              "out": str(out), "runs": len(runs), "ran_now": sum(1 for *_, new in done if new),
+              "failed": {k: r["error"] for k, r in per_run.items() if "error" in r}}
+    if args.bench == "sim":
+        result["seconds"] = args.seconds
+        result["totals"] = {x: int(sum(r[x] or 0 for r in ok.values()))
+                            for x in ("npc_respawns", "npc_collisions", "ego_collisions")}
+        result["mean_npc_speed_kmh"] = (round(float(np.mean([r["npc_mean_speed_kmh"] for r in ok.values()])), 2)
+                                        if ok else None)
+        result["missing_bars"] = sorted(
+            k for k, r in ok.items()
+            if (r["npc_mean_speed_kmh"] or 0) < 15.0 or (r["npc_stopped_share_at_end"] or 0) > 0.3
+            or (r["npc_max_stuck_s"] or 0) > 120.0 or r["npc_collisions"] or r["ego_collisions"])
+    else:
+        result["totals"] = {"collisions_caused": int(sum(r["collisions_caused"] or 0 for r in ok.values()))}
+        result["below_0.95"] = sorted(k for k, r in ok.items() if (r["route_completion"] or 0) < 0.95)
+    if args.compare:
+        base = json.loads(Path(args.compare).read_text())
+        base = base.get("per_run", base)
+        same, differ, new = [], {}, []
+        for k, r in per_run.items():
+            if k not in base:
+                new.append(k)
+            elif all(base[k].get(x) == r.get(x) for x in set(base[k]) | set(r)):
+                same.append(k)
+            else:
+                differ[k] = {x: [base[k].get(x), r.get(x)] for x in sorted(set(base[k]) | set(r))
+                             if base[k].get(x) != r.get(x)}
+        result["compare"] = {"base": args.compare, "same": len(same), "differ": differ,
+                             "not_in_base": new}
+    result["per_run"] = per_run
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
+    return {**result, **machine()}
+
+
 def bench_load(args) -> dict:
     """Seconds to load a town and build its traffic tables and world, and the memory it takes:
     how the simulator scales with a town's size (--grid N: a generated N x N lattice)."""
@@ -1881,6 +2004,23 @@ def main(argv=None):
     p = sub.add_parser("maps", help="which OpenDRIVE files of some folders load, and why the others "
                                     "do not (lanes, km, spawn points, map warnings per file)")
     p.add_argument("dirs", nargs="+", help="folders holding .xodr / .xodr.xz / .xodr.gz files")
+    p = sub.add_parser("sim-set", help="`sim` (or `autopilot`) on every network of a set (the files "
+                                       "of folders, and towns), runs in parallel, resumable, "
+                                       "optionally compared with an earlier set")
+    p.add_argument("sources", nargs="+", help="folders of .xodr / .xodr.xz / .xodr.gz files, and "
+                                              "town names (grid, Town02, ...)")
+    p.add_argument("--bench", choices=tuple(SET_KEYS), default="sim")
+    p.add_argument("--densities", default="dense,drivevlm", help="comma-separated")
+    p.add_argument("--seconds", type=float, default=600.0, help="simulated seconds per `sim` run")
+    p.add_argument("--seed", type=int, default=0, help="the `sim` runs' seed")
+    p.add_argument("--traffic", action="append", metavar="KEY=VALUE",
+                   help="a sim.traffic setting for every run (repeatable)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is given up")
+    p.add_argument("--out", default="outputs/bench/sim-set",
+                   help="folder of the runs' JSON (one file each; runs found there are not re-run)")
+    p.add_argument("--compare", default=None, metavar="JSON",
+                   help="an earlier sim-set's JSON: which runs give other figures")
     p = sub.add_parser("load", help="seconds to load a town and build its traffic tables and world, "
                                     "and its memory: a town's size against the simulator's set-up")
     p.add_argument("--town", default="Town05")
@@ -2072,7 +2212,7 @@ def main(argv=None):
                                           "(scripts/bench_reward_service.py; its options follow)")
     args = ap.parse_args(argv)
     result = {"sim": bench_sim, "env": bench_env, "autopilot": bench_autopilot, "load": bench_load,
-              "maps": bench_maps,
+              "maps": bench_maps, "sim-set": bench_sim_set,
               "train": bench_train, "update": bench_update, "reward": bench_reward, "learn": bench_learn,
               "checkpoints": bench_checkpoints, "learn-summary": bench_learn_summary,
               "side-by-side": bench_side_by_side,

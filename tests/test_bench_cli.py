@@ -49,3 +49,46 @@ def test_bench_maps_says_which_files_load_and_why_the_others_do_not(tmp_path):
     assert out["per_file"][good]["lanes"] == 1
     assert out["per_file"][good]["warnings"] == ["arcs of zero curvature read as lines"]
     assert out["warning_kinds"] == {"arcs of zero curvature read as lines": 1}
+
+
+def test_bench_sim_set_runs_every_file_and_town_resumes_and_compares(tmp_path, capsys):
+    """`bench.py sim-set` (docs/benchmarks.md, stop 56): `sim` on each OpenDRIVE file of a folder
+    (by path: a file named as a built-in town is that file, not the built-in town) and on each
+    town named, each run in its own process with its JSON written as it ends; run again, it
+    resumes from those files; `--compare` names the runs whose figures differ."""
+    import json
+
+    from script_loader import load_script
+
+    from drivemind.maps.towns import builtin_town_xodr
+
+    maps = tmp_path / "nets"
+    maps.mkdir()
+    (maps / "curves.xodr").write_text(builtin_town_xodr("grid"))  # grid's roads, curves' name
+    (maps / "bad.xodr").write_text("<OpenDRIVE></OpenDRIVE>")
+    out = tmp_path / "runs"
+    argv = ["sim-set", str(maps), "grid", "curves", "--densities", "dense", "--seconds", "5",
+            "--jobs", "2", "--out", str(out)]
+    bench = load_script("bench")
+    first = bench.main(argv)
+    runs = first["per_run"]
+    assert sorted(runs) == ["curves__dense", "grid__dense", "nets__bad__dense", "nets__curves__dense"]
+    assert first["runs"] == first["ran_now"] == 4
+    assert list(first["failed"]) == ["nets__bad__dense"] and "no <road>" in first["failed"]["nets__bad__dense"]
+    assert runs["nets__curves__dense"] == runs["grid__dense"] != runs["curves__dense"]
+    assert set(runs["grid__dense"]) == set(bench.SET_KEYS["sim"])
+    assert first["totals"]["npc_collisions"] == sum(r["npc_collisions"] for k, r in runs.items()
+                                                     if k != "nets__bad__dense")
+    assert json.loads((out / "grid__dense.json").read_text())["town"] == "grid"  # the whole JSON
+    # again: nothing re-run, the same figures; compared with the first, all the same
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    again = bench.main(argv + ["--compare", str(tmp_path / "first.json")])
+    assert again["ran_now"] == 0 and again["per_run"] == runs
+    assert again["compare"]["same"] == 4 and again["compare"]["differ"] == {}
+    # a base whose figures differ on one run names that run and the figure
+    runs["grid__dense"]["npc_respawns"] += 1
+    (tmp_path / "other.json").write_text(json.dumps({"per_run": runs}))
+    third = bench.main(argv + ["--compare", str(tmp_path / "other.json")])
+    assert list(third["compare"]["differ"]) == ["grid__dense"]
+    assert list(third["compare"]["differ"]["grid__dense"]) == ["npc_respawns"]
+    capsys.readouterr()
