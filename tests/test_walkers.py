@@ -181,3 +181,50 @@ def test_bad_walker_anticipate_says_what_is_wrong():
         with pytest.raises(ValueError, match="walker_anticipate must be a non-negative number"):
             SimConfig(traffic=dataclasses.replace(SimConfig().traffic, walker_anticipate=bad))
     assert SimConfig(traffic=dataclasses.replace(SimConfig().traffic, walker_anticipate=0)).traffic.walker_anticipate == 0
+
+
+def test_a_walker_standing_in_the_road_is_seen_where_it_is_not_where_it_was_going():
+    """Grid town, a mid-block crossing: a walker stands half-way across (it has stood 1 s for a
+    bicycle beside it in the lane it was stepping into, which stands too); a second bicycle that
+    wants to stand is in the lane behind it. The walker is going nowhere, so the first bicycle
+    keeps clear of where it is, not of where it would be 1.5 s on at its pace: it rides on (before,
+    it waited for that place, the walker for it; on the built-in avenue at `drivevlm` the queue
+    behind stood a minute, twice, until respawned). No contact."""
+    import math
+
+    from drivemind.sim import kernels as K
+    from drivemind.sim.config import TrafficParams
+
+    rm = load_town("grid")
+    cfg = SimConfig(vehicles=0, bicycles=2, walkers=1, offroad_margin=None,
+                    traffic=TrafficParams(signals="none", stuck_respawn=None, walker_midblock=1.0))
+    world = LiteWorld(rm, cfg)
+    world.reset(seed=0, ego_pose=(1e4, 1e4, 0.0))
+    assert len(world.v_lane) == 2
+    a, b = world.sites[int(np.flatnonzero(~world.site_at_junction)[0])]
+    t = (b - a) / np.hypot(*(b - a))
+
+    def lane_at(frac):
+        m = a + frac * (b - a)
+        p = int(np.argmin(np.hypot(rm.pts[:, 0] - m[0], rm.pts[:, 1] - m[1])))
+        return int(rm.point_lane[p]), float(rm.s[p])
+
+    for i, (frac, ahead, vfac) in enumerate(((0.75, 0.4, 1.0), (0.25, -0.4, 0.0))):
+        lane, s = lane_at(frac)
+        world.v_lane[i], world.v_s[i], world.v_v[i], world.v_vfac[i] = lane, s + ahead, 0.0, vfac
+        world.v_path[i] = -1
+        world.v_path[i, 0] = lane
+        world._fill_path(i)
+    world.w_a[0], world.w_b[0], world.w_xy[0] = a, b, a + 0.5 * (b - a)
+    world.w_yaw[0], world.w_state[0], world.w_speed[0] = math.atan2(t[1], t[0]), 1, 1.4
+    world.w_timer[0] = 1.0  # it has stood 1 s
+    K.poses(*world._m, world.v_lane, world.v_s, world.v_xy, world.v_yaw)
+    s0 = float(world.v_s[0])
+    blockers = []
+    for _ in range(20):  # 2 s
+        world.step((0.0, -1.0))
+        blockers.append(int(world.v_blocker[0]))
+        if world.w_timer[0] == 0.0:
+            break  # the bicycle is by: the walker goes on
+    assert K.BLOCKED_OTHER not in blockers and world.v_s[0] - s0 > 0.5
+    assert world.w_state[0] == 1 and world.npc_collision_total == 0

@@ -683,7 +683,12 @@ class LiteWorld:
                 ego_xy, e["yaw"], ehl, ehw, ego_r, ego_lane, ego_s, e["v"],
                 self._ego_jlanes, nj, ego_turn, tp.ego_behind == "brake",
                 tp.lane_change_corridor == "body", tp.lane_change_place == "project",
-                self.w_xy, walking, self.w_yaw, self.w_speed, tp.walker_anticipate,
+                self.w_xy, walking, self.w_yaw,
+                # a crossing walker standing for a vehicle (its timer counts the seconds) is not
+                # going anywhere: seen where it is (anticipated on at its pace, it stood between
+                # a bicycle waiting for where it would be and another at a red light, and the
+                # queue behind waited a minute: the built-in avenue at drivevlm)
+                np.where(self.w_timer > 0.0, 0.0, self.w_speed), tp.walker_anticipate,
                 self.rng.random(n),
                 tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
