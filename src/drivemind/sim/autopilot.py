@@ -424,6 +424,11 @@ class Autopilot:
 
     def _must_yield(self, cr: "_Crossing", snap, here, inside_only: bool = False,
                     moving_only: bool = False) -> bool:
+        """Whether we give way at junction ``cr``: a vehicle in it is on a lane crossing or
+        merging with our way and not yet past that stretch, or the first vehicle of a
+        conflicting approach would reach it before we are through. ``inside_only``: vehicles
+        in the junction only; ``moving_only``: of those, the ones that move (under 0.3 m/s they
+        are left to the corridor)."""
         act = snap.actors
         if len(act) == 0:
             return False
