@@ -1756,8 +1756,7 @@ def bench_maps(args) -> dict:
     from drivemind.maps.opendrive import load_xodr_file
     from drivemind.maps.validate import MapWarning
 
-    files = sorted(p for d in args.dirs for p in Path(d).iterdir()
-                   if p.name.endswith((".xodr", ".xodr.xz", ".xodr.gz")))
+    files = sorted(p for d in args.dirs for p in Path(d).iterdir() if p.name.endswith(XODR_SUFFIXES))
     if not files:
         raise SystemExit(f"no .xodr files in {', '.join(args.dirs)}")
     per_file, failed, kinds = {}, {}, {}
@@ -2018,7 +2017,8 @@ def main(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before a run is given up")
     p.add_argument("--out", default="outputs/bench/sim-set",
-                   help="folder of the runs' JSON (one file each; runs found there are not re-run)")
+                   help="folder of the runs' JSON (one file each; runs found there, failed ones "
+                        "included, are not re-run: delete a file to run it again)")
     p.add_argument("--compare", default=None, metavar="JSON",
                    help="an earlier sim-set's JSON: which runs give other figures")
     p = sub.add_parser("load", help="seconds to load a town and build its traffic tables and world, "
