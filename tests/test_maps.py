@@ -506,3 +506,23 @@ def test_a_large_towns_lane_records_are_cached_on_disk(tmp_path, monkeypatch):
     files[0].write_bytes(b"not a pickle")
     with pytest.raises(AssertionError, match="parsed again"):
         load_xodr_text(text, "cached", native_check=False)
+
+
+def test_a_file_named_as_a_built_in_town_is_named_in_a_warning(tmp_path, monkeypatch, no_search_path):
+    """By name, a built-in town comes first: a `curves.xodr` on the search path is not read
+    (esmini's, in stop 56's sets, ran as the built-in town). The loader says so, naming the file
+    and how to load it; by its path it loads."""
+    import warnings
+
+    from drivemind.maps.towns import builtin_town_xodr
+
+    (tmp_path / "curves.xodr").write_text(builtin_town_xodr("grid"))  # grid's roads, curves' name
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.warns(UserWarning, match=r"built-in town; .*curves\.xodr on the map search path .*"
+                                         r"pass its path"):
+        rm = load_town("curves")
+    assert load_town(str(tmp_path / "curves.xodr")).n_lanes == load_town("grid").n_lanes
+    monkeypatch.delenv(ENV_VAR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no file of that name: no warning
+        assert rm.n_lanes == load_town("curves").n_lanes != load_town("grid").n_lanes

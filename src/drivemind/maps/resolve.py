@@ -6,6 +6,8 @@ up as ``<name>.xodr`` in, in order, the configured search path, ``$DRIVEMIND_MAP
 (``os.pathsep``-separated), ``$CARLA_ROOT``'s OpenDRIVE folders and last the CARLA towns shipped
 with DriveMind (:data:`VENDORED_DIR`: Town01, Town02, Town03, Town05, CC-BY 4.0, see
 ``data/LICENSE-CARLA-MAPS.txt``). A file of the user's therefore always wins over the shipped copy.
+A built-in town's name (``grid``, ``curves``, ``avenue``) is always the built-in town: a file of
+that name on the search path is not read (a UserWarning names it); load it by its path.
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
             raise MapError(f"{path}: no such OpenDRIVE file")
         return _load_file_cached(str(path.resolve()), path.stat().st_mtime_ns, kw)
     if town in builtin_names():
+        shadowed = find_town_file(town, search_path)
+        if shadowed is not None and shadowed.parent != VENDORED_DIR:
+            # a built-in name is the built-in town: the file of that name on the search path is
+            # not read (a set of esmini's files ran its curves.xodr as the built-in curves)
+            import warnings
+
+            warnings.warn(f"town {town!r} is DriveMind's built-in town; {shadowed} on the map "
+                          f"search path has the same name and is not used: pass its path "
+                          f"(town={shadowed}) to load that file", UserWarning, stacklevel=2)
         return _load_builtin_cached(town, kw)
     path = find_town_file(town, search_path)
     if path is None:
