@@ -1756,7 +1756,7 @@ def bench_maps(args) -> dict:
     from drivemind.maps.opendrive import load_xodr_file
     from drivemind.maps.validate import MapWarning
 
-    files = sorted(p for d in args.dirs for p in Path(d).iterdir() if p.name.endswith(XODR_SUFFIXES))
+    files = sorted(f for d in args.dirs for f in _xodr_files(d))
     if not files:
         raise SystemExit(f"no .xodr files in {', '.join(args.dirs)}")
     per_file, failed, kinds = {}, {}, {}
@@ -1790,7 +1790,13 @@ SET_KEYS = {  # the figures a set's summary keeps per run (the whole JSON stays 
             "npc_collisions", "ego_collisions", "ego_routes_completed"),
     "autopilot": ("route_completion", "collisions_caused", "mean_speed_kmh"),
 }
-XODR_SUFFIXES = (".xodr", ".xodr.xz", ".xodr.gz")
+
+
+def _xodr_files(folder) -> list[Path]:
+    """The OpenDRIVE files of a folder (``.xodr``, ``.xodr.xz``, ``.xodr.gz``), sorted."""
+    from drivemind.maps.resolve import XODR_SUFFIXES
+
+    return sorted(f for f in Path(folder).iterdir() if f.name.endswith(XODR_SUFFIXES))
 
 
 def _set_runs(args) -> list[tuple[str, str, str | None, str]]:
@@ -1801,11 +1807,13 @@ def _set_runs(args) -> list[tuple[str, str, str | None, str]]:
     for src in args.sources:
         p = Path(src)
         if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.name.endswith(XODR_SUFFIXES))
+            from drivemind.maps.opendrive import xodr_stem
+
+            files = _xodr_files(p)
             if not files:
                 raise SystemExit(f"no .xodr files in {src}")
             for f in files:
-                name = f.name[:f.name.index(".xodr")]
+                name = xodr_stem(f)
                 # by path: by name, a file named as a built-in town (esmini's curves.xodr) gave
                 # the built-in town
                 runs += [(f"{p.name}__{name}__{d}", str(f.resolve()), str(p.resolve()), d)

@@ -14,6 +14,7 @@ import warnings
 from functools import lru_cache
 from pathlib import Path
 
+from ..maps.resolve import XODR_SUFFIXES
 from ..maps.roadmap import MapError, RoadMap
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ def town_opendrive(town: str) -> str | None:
     if town in builtin_names():
         from ..maps.towns import builtin_town_xodr
         return builtin_town_xodr(town)
-    if town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town:
+    if town.endswith(XODR_SUFFIXES) or os.sep in town:
         from ..maps.opendrive import read_xodr
         p = Path(os.path.expanduser(town))
         if not p.is_file():
@@ -92,7 +93,7 @@ def town_opendrive(town: str) -> str | None:
 
 def town_name(town: str) -> str:
     """The RoadMap name for a town argument (a path's file stem, as load_town names it)."""
-    if town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town:
+    if town.endswith(XODR_SUFFIXES) or os.sep in town:
         from ..maps.opendrive import xodr_stem
         return xodr_stem(town)
     return town

@@ -13,12 +13,14 @@ that name on the search path is not read (a UserWarning names it); load it by it
 from __future__ import annotations
 
 import os
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
 from .roadmap import MapError, RoadMap
 
 ENV_VAR = "DRIVEMIND_MAP_PATH"
+XODR_SUFFIXES = (".xodr", ".xodr.xz", ".xodr.gz")  # what names an OpenDRIVE file (a path)
 CARLA_SUBDIRS = (
     "CarlaUE4/Content/Carla/Maps/OpenDrive",
     "Unreal/CarlaUE4/Content/Carla/Maps/OpenDrive",
@@ -77,7 +79,7 @@ def builtin_names() -> list[str]:
 def is_town_file(town: str | os.PathLike) -> bool:
     """Whether ``town`` names an OpenDRIVE file (a path) rather than a town to look up."""
     town = os.fspath(town)
-    return town.endswith((".xodr", ".xodr.xz", ".xodr.gz")) or os.sep in town or os.path.isfile(town)
+    return town.endswith(XODR_SUFFIXES) or os.sep in town or os.path.isfile(town)
 
 
 def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
@@ -97,8 +99,6 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
         if shadowed is not None and shadowed.parent != VENDORED_DIR:
             # a built-in name is the built-in town: the file of that name on the search path is
             # not read (a set of esmini's files ran its curves.xodr as the built-in curves)
-            import warnings
-
             warnings.warn(f"town {town!r} is DriveMind's built-in town; {shadowed} on the map "
                           f"search path has the same name and is not used: pass its path "
                           f"(town={shadowed}) to load that file", UserWarning, stacklevel=2)

@@ -1560,12 +1560,12 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, choose, left,
         path[i, 0] = best
         r = rnd[i]
         for k in range(1, K):
-            nxt = _draw_next(choose, path[i, k - 1], (r * 7.0) % 1.0)
+            r = (r * 7.0) % 1.0
+            nxt = _draw_next(choose, path[i, k - 1], r)
             if nxt < 0:
                 for kk in range(k, K):
                     path[i, kk] = -1
                 break
-            r = (r * 7.0) % 1.0
             path[i, k] = nxt
         changes += 1
     return changes
