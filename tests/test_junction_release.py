@@ -35,7 +35,8 @@ OLD = dict(junction_release="connector", overtake="never", max_green=None, walke
            ego_behind="brake", lane_change_corridor="lane", junction_conflict="centre",
            diverging_follow="lane", junction_exit="lane", wait_cycle_break="first",
            lane_change_place="scale", detector_reach="lane",
-           junction_chain="none", lane_change_follower="lane", merge_yield="none")
+           junction_chain="none", lane_change_follower="lane", merge_yield="none",
+           overtake_solid="never")
 
 
 def _record(town, density, seed, **traffic):

@@ -1,6 +1,7 @@
 """traffic.overtake: on a two-way road a car passes a bicycle in the oncoming lane when that lane
 is free for the whole manoeuvre, and does not start while an oncoming vehicle is near, over a
-solid line, or with the setting at never; never any contact."""
+kerb, over a solid line unless the bicycle rides at 16 km/h or less (traffic.overtake_solid), or
+with the setting at never; never any contact."""
 
 from __future__ import annotations
 
@@ -31,25 +32,29 @@ def _two_way_road(mark=MarkingType.BROKEN):
     return build_roadmap("two_way", [fwd, back])
 
 
-def _world(overtake="oncoming", mark=MarkingType.BROKEN, oncoming_at=None):
-    """Car 0 at 8 m/s 20 m behind bicycle 1 (4 m/s) on the right lane; with ``oncoming_at``, car 2
-    comes the other way on the oncoming lane, that far along the road (x) at 8 m/s."""
+def _world(overtake="oncoming", mark=MarkingType.BROKEN, oncoming_at=None, overtake_solid="slow",
+           bicycle_speed=4.0):
+    """Car 0 at 8 m/s 20 m behind bicycle 1 (``bicycle_speed`` m/s) on the right lane; with
+    ``oncoming_at``, car 2 comes the other way on the oncoming lane, that far along the road (x)
+    at 8 m/s."""
     rm = _two_way_road(mark)
     n = 3 if oncoming_at is not None else 2
     cfg = SimConfig(vehicles=n - 1, bicycles=1, offroad_margin=None,
-                    traffic=TrafficParams(signals="none", stuck_respawn=None, overtake=overtake))
+                    traffic=TrafficParams(signals="none", stuck_respawn=None, overtake=overtake,
+                                          overtake_solid=overtake_solid))
     world = LiteWorld(rm, cfg)
     world.reset(seed=0, ego_pose=(LENGTH, 60.0, 0.0))  # the ego far off the road, standing
     assert len(world.v_lane) == n
     fwd, back = rm.key_index[FWD], rm.key_index[BACK]
     cls = [ActorClass.CAR, ActorClass.BICYCLE, ActorClass.CAR][:n]
-    start = [(fwd, 30.0, 8.0), (fwd, 55.0, 4.0),
+    start = [(fwd, 30.0, 8.0), (fwd, 55.0, bicycle_speed),
              (back, LENGTH - (oncoming_at or 0.0), 8.0)][:n]
     for i, (c, (lane, s, v)) in enumerate(zip(cls, start)):
         world.v_cls[i] = int(c)
         car = c == ActorClass.CAR
         world.v_hl[i], world.v_hw[i] = (2.3, 0.95) if car else (0.9, 0.35)
-        world.v_vcap[i], world.v_amax[i], world.v_b[i] = (30.0, 2.0, 3.0) if car else (4.0, 1.0, 2.0)
+        world.v_vcap[i], world.v_amax[i], world.v_b[i] = ((30.0, 2.0, 3.0) if car else
+                                                          (bicycle_speed, 1.0, 2.0))
         world.v_vfac[i] = 1.0
         world.v_lane[i], world.v_s[i], world.v_v[i] = lane, s, v
         world.v_path[i] = -1
@@ -80,16 +85,34 @@ def test_a_car_passes_a_bicycle_in_the_free_oncoming_lane():
     assert world.v_xy[0, 0] < LENGTH - K.OVERTAKE_END  # within the road, before its end
 
 
-@pytest.mark.parametrize("case", ["never", "solid line"])
+@pytest.mark.parametrize("case", ["never", "solid line, overtake_solid=never",
+                                  "solid line, a bicycle faster than 16 km/h", "a kerb"])
 def test_no_overtake_with_the_setting_at_never_or_over_a_solid_line(case):
-    world = (_world(overtake="never") if case == "never" else _world(mark=MarkingType.SOLID))
+    world = {"never": lambda: _world(overtake="never"),
+             "solid line, overtake_solid=never": lambda: _world(mark=MarkingType.SOLID,
+                                                                overtake_solid="never"),
+             "solid line, a bicycle faster than 16 km/h": lambda: _world(
+                 mark=MarkingType.SOLID_SOLID, bicycle_speed=K.OVERTAKE_SOLID_SPEED + 0.5),
+             "a kerb": lambda: _world(mark=MarkingType.CURB)}[case]()
     out, _ = _drive(world, 30.0)
     assert world.npc_overtakes == 0 and out < 0.1
     assert world.v_s[0] < world.v_s[1]  # still behind the bicycle
 
 
-def test_no_overtake_while_an_oncoming_car_is_near_then_one_once_it_has_gone():
-    world = _world(oncoming_at=200.0)  # 145 m ahead of the bicycle, closing at 12 m/s
+@pytest.mark.parametrize("mark", [MarkingType.SOLID, MarkingType.SOLID_SOLID])
+def test_a_car_passes_a_slow_bicycle_over_a_solid_line(mark):
+    """traffic.overtake_solid=slow (the default): a bicycle at 16 km/h or less may be passed over
+    a solid line (the UK Highway Code's rule 129), with the same checks as over a broken one."""
+    world = _world(mark=mark)
+    out, _ = _drive(world, 30.0)
+    assert world.npc_overtakes == 1 and world.npc_overtake_aborts == 0
+    assert out > 3.0 and world.v_s[0] > world.v_s[1] + 20.0
+    assert world.v_otk[0] == K.OTK_OFF and abs(world.v_xy[0, 1]) < 1e-6
+
+
+@pytest.mark.parametrize("mark", [MarkingType.BROKEN, MarkingType.SOLID_SOLID])
+def test_no_overtake_while_an_oncoming_car_is_near_then_one_once_it_has_gone(mark):
+    world = _world(oncoming_at=200.0, mark=mark)  # 145 m ahead of the bicycle, closing at 12 m/s
     passed_at = None
     for t in range(int(40.0 / world.cfg.dt)):
         snap = world.step((0.0, -1.0))

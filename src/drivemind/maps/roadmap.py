@@ -43,6 +43,9 @@ class MarkingType(IntEnum):
 SOLID_MARKINGS = (MarkingType.SOLID, MarkingType.SOLID_SOLID, MarkingType.SOLID_BROKEN,
                   MarkingType.BROKEN_SOLID, MarkingType.CURB)
 BROKEN_MARKINGS = (MarkingType.BROKEN, MarkingType.BROKEN_BROKEN, MarkingType.BOTTS_DOTS)
+# painted lines with a solid part (a kerb is solid too, but not a line one may cross)
+PAINTED_SOLID = (MarkingType.SOLID, MarkingType.SOLID_SOLID, MarkingType.SOLID_BROKEN,
+                 MarkingType.BROKEN_SOLID)
 
 
 class MapError(ValueError):

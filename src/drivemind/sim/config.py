@@ -105,6 +105,12 @@ class TrafficParams:
     #                             direction when it is free for the whole manoeuvre, outside and
     #                             not just before junctions, never over a solid line; never: no
     #                             (the behaviour before; the study pins it)
+    overtake_solid: str = "slow"  # slow: a solid centre line may be crossed to overtake a bicycle
+    #                               riding at OVERTAKE_SOLID_SPEED (16 km/h) or less, or a vehicle
+    #                               standing with nothing ahead of it (the UK Highway Code's rule
+    #                               129; several US states allow the same for bicycles), the rest
+    #                               of the manoeuvre's checks unchanged; never: only where the line
+    #                               is broken (the behaviour before; the study pins it)
     walker_velocity: str = "moved"  # what a snapshot reports as a walker's velocity: moved: its
     #                                 displacement over the last step / dt (0 while it waits or
     #                                 stands for a car, its pace on the pavement, as CARLA reports
@@ -199,7 +205,8 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "junction_conflict": "centre", "diverging_follow": "lane", "junction_exit": "lane",
                  "wait_cycle_break": "first", "lane_change_place": "scale",
                  "detector_reach": "lane", "junction_chain": "none",
-                 "lane_change_follower": "lane", "merge_yield": "none"}
+                 "lane_change_follower": "lane", "merge_yield": "none",
+                 "overtake_solid": "never"}
 
 
 # the values of TrafficParams.ego_behind
@@ -219,6 +226,8 @@ LANE_CHANGE_FOLLOWER = ("entering", "lane")
 MERGE_YIELD = ("closing", "none")
 # the values of TrafficParams.overtake ("never", not "off": YAML reads off as false)
 OVERTAKE = ("oncoming", "never")
+# the values of TrafficParams.overtake_solid
+OVERTAKE_SOLID = ("slow", "never")
 # the values of TrafficParams.walker_velocity
 WALKER_VELOCITY = ("moved", "crossing")
 
@@ -282,7 +291,8 @@ class SimConfig:
                            ("detector_reach", DETECTOR_REACH),
                            ("junction_chain", JUNCTION_CHAIN),
                            ("lane_change_follower", LANE_CHANGE_FOLLOWER),
-                           ("merge_yield", MERGE_YIELD)):
+                           ("merge_yield", MERGE_YIELD),
+                           ("overtake_solid", OVERTAKE_SOLID)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

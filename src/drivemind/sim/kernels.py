@@ -37,6 +37,8 @@ OVERTAKE_STAND = 5.0  # s a leader with nothing ahead of it has stood before it 
 OVERTAKE_MARGIN_T = 2.0  # s of an oncoming vehicle's travel added to the manoeuvre's time ...
 OVERTAKE_MARGIN_M = 10.0  # ... and metres added to the stretch that must be free of it
 OVERTAKE_SIDE = 0.3  # m clear sideways between the two before the leader is no longer followed
+OVERTAKE_SOLID_SPEED = 4.47  # m/s (10 mph): a bicycle at most this fast may be overtaken over a
+#                              solid line (traffic.overtake_solid; the UK Highway Code, rule 129)
 
 
 @nb.njit(cache=True, inline="always")
@@ -1801,7 +1803,8 @@ def _oncoming_clear(i, lane, s, v, hl, vfac, vcap, otk, lane_vmax, length, pred,
 def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, right, left_same,
               right_same, pass_left, pass_right, lane_vmax, lane, s, v, hl, hw, vfac, vcap, amax,
               path, grant, lat, lcfrom, blocker, stuck, otk, otk_of, otk_off, otk_lane, otk_t,
-              ego_xy, ego_v, walker_xy, walker_on_road, s0, xy):
+              ego_xy, ego_v, walker_xy, walker_on_road, s0, xy, solid_left, solid_right, cls,
+              pedal):
     """Overtaking a slow leader in the oncoming lane of a two-way road (``traffic.overtake``).
 
     Each step, for every vehicle overtaking (``otk`` OTK_OUT): back into its lane (OTK_BACK)
@@ -1821,7 +1824,10 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
       its lane's end (so never into or just before a junction), with nobody else on its lane up
       to there plus a car length;
     - the line between the lanes may be crossed (``pass_left``/``pass_right``: no solid line)
-      all the way;
+      all the way; with ``pedal`` >= 0 (the bicycles' class code, traffic.overtake_solid), a
+      painted solid line too (``solid_left``/``solid_right``: a line, not a kerb or grass) where
+      the leader is a bicycle (``cls``) riding at OVERTAKE_SOLID_SPEED or less, or stands as
+      above;
     - the oncoming lane is free for it (:func:`_oncoming_clear`); the ego is farther than the
       manoeuvre's length + its speed (at least 30 km/h) x the manoeuvre's time + 20 m, and no
       walker is crossing within the manoeuvre's length + 10 m.
@@ -1878,13 +1884,16 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
         if left[li] >= 0 and not left_same[li] and junction[left[li]] < 0:
             o = left[li]
             side_ok = pass_left
+            side_solid = solid_left
         elif right[li] >= 0 and not right_same[li] and junction[right[li]] < 0:
             o = right[li]
             side_ok = pass_right
+            side_solid = solid_right
         else:
             continue
-        if not side_ok[min(offset[li] + int(s[i] / max(ds[li], 1e-6)), offset[li + 1] - 1)]:
-            continue  # a solid line here (checked all the way below)
+        here = min(offset[li] + int(s[i] / max(ds[li], 1e-6)), offset[li + 1] - 1)
+        if not side_ok[here] and not (pedal >= 0 and side_solid[here]):
+            continue  # no line to cross here (checked all the way below)
         # the leader on this lane
         j = -1
         sj = INF
@@ -1899,7 +1908,12 @@ def overtakes(dt, decide, offset, ds, length, pts, yaw, junction, pred, left, ri
         v0i = _v0(vfac[i], vcap[i], lane_vmax[li])
         v0j = _v0(vfac[j], vcap[j], lane_vmax[li])
         slow = v0j <= v0i - OVERTAKE_SLOWER
-        if not slow and not (v[j] < 0.3 and stuck[j] >= OVERTAKE_STAND and blocker[j] == NO_BLOCKER):
+        standing = v[j] < 0.3 and stuck[j] >= OVERTAKE_STAND and blocker[j] == NO_BLOCKER
+        if not slow and not standing:
+            continue
+        if pedal >= 0 and (standing or (cls[j] == pedal and v[j] <= OVERTAKE_SOLID_SPEED)):
+            side_ok = side_solid  # a solid line may be crossed too
+        if not side_ok[here]:
             continue
         # how far over: the oncoming lane's centre, sideways from ours (right +)
         x, y, h = lane_pose(offset, ds, length, pts, yaw, li, s[i])

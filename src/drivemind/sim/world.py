@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, MarkingType, RoadMap
+from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, PAINTED_SOLID, MarkingType, RoadMap
 from ..maps.spatial import lane_grid, nearest_point, off_road
 from . import kernels as K
 from .config import SimConfig
@@ -159,9 +159,16 @@ class LiteWorld:
             crossable = np.array([int(m) for m in (MarkingType.NONE, *BROKEN_MARKINGS)])
             self._pass_left = np.isin(roadmap.mark_left, crossable)
             self._pass_right = np.isin(roadmap.mark_right, crossable)
+            # ... and where it may be crossed to pass a bicycle or a standing vehicle
+            # (traffic.overtake_solid): a painted line, solid too (not a kerb or grass)
+            lines = np.array([int(m) for m in (*PAINTED_SOLID, *BROKEN_MARKINGS, MarkingType.NONE)])
+            self._solid_left = np.isin(roadmap.mark_left, lines)
+            self._solid_right = np.isin(roadmap.mark_right, lines)
         else:
             self.pred = np.full((1, 1), -1, np.int64)
             self._pass_left = self._pass_right = np.zeros(1, np.bool_)
+            self._solid_left = self._solid_right = self._pass_left
+        self._over_solid = tp.overtake_solid == "slow"
         self.sites, self.site_at_junction = tab["sites"], tab["site_at_junction"]
         self._grid = lane_grid(roadmap)
         self._ego_jlanes = np.full(16, -1, np.int64)
@@ -661,7 +668,8 @@ class LiteWorld:
                 self.v_grant, self.v_lat, self.v_lcfrom, self.v_blocker, self.v_stuck, self.v_otk,
                 self.v_otk_of, self.v_otk_off, self.v_otk_lane, self.v_otk_t,
                 ego_xy, e["v"], self.w_xy, walking, tp.idm_s0,
-                self.v_xy)
+                self.v_xy, self._solid_left, self._solid_right, self.v_cls,
+                int(ActorClass.BICYCLE) if self._over_solid else -1)
             self.npc_overtakes += st
             self.npc_overtake_aborts += ab
         ego_merge = -1
