@@ -1,6 +1,5 @@
-"""Valid OpenDRIVE that the CARLA 0.9.16 client reads as nothing or dies on, read right by the
-loader (esmini's and scenariogeneration's example networks had each of these), and the one
-feature it cannot read named in its error."""
+"""Valid OpenDRIVE that the CARLA 0.9.16 client reads as nothing, rejects or dies on, read right
+by the loader (esmini's and scenariogeneration's example networks had each of these)."""
 
 from __future__ import annotations
 
@@ -108,18 +107,56 @@ def test_ramp_lanes_carry_traffic_as_driving_lanes():
     assert sorted(rm.keys) == [(1, 0, -2), (1, 0, -1)]  # the pavement stays a pavement
 
 
-def test_a_direct_junction_the_parser_rejects_is_named_in_the_error():
-    """carla 0.9.16 rejects many direct junctions with "_Map_base::at" (it reads some: esmini's
-    soderleden); the error now says which junction and what to do."""
-    text = (HEAD + _road([_section(0, [_lane(-1)])], link='<successor elementType="junction" '
-                         'elementId="9"/>')
-            + '<junction id="9" name="exit" type="direct"><connection id="0" incomingRoad="1" '
-              'linkedRoad="2" contactPoint="start"><laneLink from="-1" to="-1"/></connection>'
-              '</junction></OpenDRIVE>')
-    with pytest.raises(MapError, match=r"direct\.xodr: the CARLA OpenDRIVE parser rejected the "
-                                       r"file: .*a direct junction .*junction 9\. Export the "
-                                       r"network with default junctions"):
-        _load(text, "direct")
+def _placed_road(rid, x, y, lanes, link, geometry="<line/>", length=100):
+    return (f'<road name="r" length="{length}" id="{rid}" junction="-1"><link>{link}</link>'
+            f'<planView><geometry s="0" x="{x}" y="{y}" hdg="0" length="{length}">{geometry}'
+            f'</geometry></planView><lanes>{_section(0, [_lane(-k) for k in range(1, lanes + 1)])}'
+            f'</lanes></road>')
+
+
+# a highway exit as a direct junction (OpenDRIVE 1.6): road 1's three lanes go on as road 2's two
+# and, from its outer lane, road 3's one, which starts where that lane ends (7 m right of road 1's
+# reference line) and bends away; no connecting road between them
+DIRECT = (HEAD + _placed_road(1, 0, 0, 3, '<successor elementType="junction" elementId="9"/>')
+          + _placed_road(2, 100, 0, 2, '<predecessor elementType="junction" elementId="9"/>')
+          + _placed_road(3, 100, -7.0, 1, '<predecessor elementType="junction" elementId="9"/>',
+                         geometry='<arc curvature="-0.01"/>')
+          + '<junction id="9" name="exit" type="direct">'
+            '<connection id="0" incomingRoad="1" linkedRoad="2" contactPoint="start">'
+            '<laneLink from="-1" to="-1"/><laneLink from="-2" to="-2"/></connection>'
+            '<connection id="1" incomingRoad="1" linkedRoad="3" contactPoint="start">'
+            '<laneLink from="-3" to="-1"/></connection></junction></OpenDRIVE>')
+
+
+def test_a_direct_junction_is_read_as_links_between_its_roads_lanes():
+    """carla 0.9.16 rejects most direct junctions with "_Map_base::at" (esmini's
+    direct_junction_simple, scenariogeneration's highway exits): the loader takes them out of the
+    text before parsing and links the lanes of each connection itself."""
+    code = "import sys, carla; carla.Map('x', sys.stdin.read())"
+    child = subprocess.run([sys.executable, "-c", code], input=DIRECT, capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode != 0  # the parser alone cannot read it
+    rm, msgs = _load(DIRECT, "direct")
+    succ = {rm.keys[i]: [rm.keys[j] for j in rm.successors(i)] for i in range(rm.n_lanes)}
+    assert succ[(1, 0, -1)] == [(2, 0, -1)] and succ[(1, 0, -2)] == [(2, 0, -2)]
+    assert succ[(1, 0, -3)] == [(3, 0, -1)]  # the exit
+    assert not (rm.junction >= 0).any()
+    [msg] = [m for m in msgs if "direct junctions" in m]
+    assert "junction 9: road 1 into roads 2, 3 (3 lane links)" in msg
+
+
+def test_a_direct_junction_links_only_lanes_whose_ends_meet():
+    """A connection naming a lane that starts elsewhere (here road 3 moved 5 m off road 1's end)
+    gives no link: the lane ends there, and the checks name it."""
+    text = DIRECT.replace('id="3" junction="-1"><link><predecessor elementType="junction" '
+                          'elementId="9"/></link><planView><geometry s="0" x="100"',
+                          'id="3" junction="-1"><link><predecessor elementType="junction" '
+                          'elementId="9"/></link><planView><geometry s="0" x="105"')
+    assert text != DIRECT
+    rm, msgs = _load(text, "direct_apart")
+    assert len(rm.successors(rm.key_index[(1, 0, -3)])) == 0
+    [msg] = [m for m in msgs if "direct junctions" in m]
+    assert "junction 9: road 1 into road 2 (2 lane links)" in msg
 
 
 def test_lanes_without_a_type_are_named_in_the_error():
@@ -191,3 +228,20 @@ def test_a_junction_lane_over_another_road_is_named():
                 succ=[(0, 0, 1)])
     assert junction_overlaps([approach, merging]) == []
     assert junction_overlaps([approach, apart]) == []
+
+
+def test_only_direct_junctions_and_the_links_to_them_are_taken_out_of_the_text():
+    from drivemind.maps.opendrive import DirectConnection, direct_junctions_as_links
+
+    text = ('<OpenDRIVE><road id="1"><link><predecessor elementType="junction" elementId="1"/>'
+            '<successor elementType="junction" elementId="2"/></link></road>'
+            '<junction id="1" type="default"/>'
+            '<junction id="2" type="direct"><connection id="0" incomingRoad="1" linkedRoad="3" '
+            'contactPoint="start"><laneLink from="-1" to="-2"/></connection></junction>'
+            '<junction id="5" name="x"><connection id="0" incomingRoad="1" connectingRoad="4" '
+            'contactPoint="start"/></junction></OpenDRIVE>')
+    out, conns = direct_junctions_as_links(text)
+    assert conns == [DirectConnection("2", 1, 3, ((-1, -2),))]
+    assert out == text.replace('<successor elementType="junction" elementId="2"/>', "").replace(
+        text[text.index('<junction id="2"'):text.index('<junction id="5"')], "")
+    assert direct_junctions_as_links(out) == (out, [])  # nothing direct left: unchanged

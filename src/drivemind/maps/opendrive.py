@@ -35,6 +35,7 @@ import os
 import pickle
 import re
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -186,6 +187,115 @@ def _set_attr(tag: str, name: str, value: str) -> str:
                   f"{value}{m.group(2)}", tag, count=1)
 
 
+_JUNCTION_ELEMENT = re.compile(r"<junction\b[^>]*(?<!/)>.*?</junction\s*>", re.S)  # not <junction/>
+_CONNECTION = re.compile(r"<connection\b[^>]*>.*?</connection\s*>", re.S)
+_LANE_LINK = re.compile(r"<laneLink\b[^>]*>")
+
+
+@dataclass(frozen=True)
+class DirectConnection:
+    """One connection of a direct junction: lanes of ``incoming`` that continue as lanes of
+    ``linked`` (``lanes``: (from, to) lane ids), with no connecting road between them."""
+
+    junction: str
+    incoming: int
+    linked: int
+    lanes: tuple[tuple[int, int], ...]
+
+
+def direct_junctions_as_links(text: str) -> tuple[str, list[DirectConnection]]:
+    """``(text, connections)``: ``text`` without its direct junctions (OpenDRIVE 1.6
+    ``type="direct"``: roads whose lanes continue into each other's, a highway's exit or entry,
+    with no connecting road) and without the road links to them; the connections they held, for
+    :func:`link_direct_connections` to join the lanes with once the parser has read the roads.
+
+    carla 0.9.16 reads few of them: most files with one stop it with ``_Map_base::at`` (esmini's
+    ``direct_junction_simple``, scenariogeneration's highway exits). A text without direct
+    junctions is returned unchanged."""
+    if "direct" not in text or "<junction" not in text:
+        return text, []
+    conns: list[DirectConnection] = []
+    gone: set[str] = set()
+
+    def drop(m: re.Match) -> str:
+        head = _JUNCTION.match(m.group(0))
+        a = _attrs(head.group(0)) if head else {}
+        if a.get("type") != "direct":
+            return m.group(0)
+        jid = a.get("id", "?")
+        gone.add(jid)
+        for c in _CONNECTION.finditer(m.group(0)):
+            ca = _attrs(c.group(0)[:c.group(0).index(">") + 1])
+            lanes = []
+            for ll in _LANE_LINK.finditer(c.group(0)):
+                la = _attrs(ll.group(0))
+                try:
+                    lanes.append((int(la["from"]), int(la["to"])))
+                except (KeyError, ValueError):
+                    continue
+            try:
+                conns.append(DirectConnection(jid, int(ca["incomingRoad"]), int(ca["linkedRoad"]),
+                                              tuple(lanes)))
+            except (KeyError, ValueError):
+                continue  # malformed: its lanes stay unlinked (the checks name dead ends)
+        return ""
+
+    out = _JUNCTION_ELEMENT.sub(drop, text)
+    if not gone:
+        return text, []
+
+    def unlink(m: re.Match) -> str:
+        a = _attrs(m.group(0))
+        if a.get("elementType") == "junction" and a.get("elementId") in gone:
+            return ""
+        return m.group(0)
+
+    return _ROAD_LINK.sub(unlink, out), conns
+
+
+DIRECT_LINK_GAP = 0.5  # m: a lane of a direct junction's road ends this close to where the lane
+#                        it continues as starts
+
+
+def link_direct_connections(records: list[LaneRecord], conns: list[DirectConnection]) -> list[str]:
+    """Join the lanes of each direct junction's connections (:func:`direct_junctions_as_links`):
+    each lane pair of a connection whose ends meet (one's last point within DIRECT_LINK_GAP m of
+    the other's first, heading on the same way) gets that successor link, in whichever direction
+    its traffic drives. Returns one description per junction ("junction 4: road 1 into roads 2,
+    3 (3 lane links)")."""
+    by_lane: dict[tuple[int, int], list[LaneRecord]] = {}
+    for r in records:
+        by_lane.setdefault((r.key[0], r.key[2]), []).append(r)
+
+    def heading(p, at_end):
+        d = p[-1] - p[-2] if at_end else p[1] - p[0]
+        return d / max(float(np.hypot(*d)), 1e-9)
+
+    def join(a: LaneRecord, b: LaneRecord) -> bool:
+        if len(a.points) < 2 or len(b.points) < 2:
+            return False
+        if (np.hypot(*(a.points[-1] - b.points[0])) < DIRECT_LINK_GAP
+                and heading(a.points, True) @ heading(b.points, False) > 0.9):
+            if b.key not in a.successors:
+                a.successors.append(b.key)
+            return True
+        return False
+
+    made: dict[str, list] = {}
+    for c in conns:
+        for f, t in c.lanes:
+            for a in by_lane.get((c.incoming, f), []):
+                for b in by_lane.get((c.linked, t), []):
+                    if join(a, b) or join(b, a):
+                        entry = made.setdefault(c.junction, [set(), set(), 0])
+                        entry[0].add(c.incoming)
+                        entry[1].add(c.linked)
+                        entry[2] += 1
+    return [f"junction {j}: road{'s' if len(i) > 1 else ''} {', '.join(map(str, sorted(i)))} into "
+            f"road{'s' if len(o) > 1 else ''} {', '.join(map(str, sorted(o)))} ({k} lane link"
+            f"{'s' if k != 1 else ''})" for j, (i, o, k) in made.items()]
+
+
 def junction_ids_apart(text: str) -> tuple[str, list[str]]:
     """``(text, renumbered)``: ``text`` with every junction whose id is also a road's given an id
     above every road's and junction's, and one description per renumbered junction ("junction 1
@@ -230,24 +340,7 @@ def parse_carla_map(text: str, name: str, source: str):
     try:
         return carla.Map(name, text)
     except Exception as exc:  # the C++ parser raises RuntimeError on broken files
-        raise MapError(f"{source}: the CARLA OpenDRIVE parser rejected the file: {exc}"
-                       f"{_direct_junctions_hint(text)}") from exc
-
-
-def _direct_junctions_hint(text: str) -> str:
-    """What to do when the file has direct junctions (OpenDRIVE 1.6 ``type="direct"``, roads
-    linked with no connecting roads): carla 0.9.16 rejects many of them with ``_Map_base::at``
-    (scenariogeneration's highway exits; esmini's ``soderleden`` has one it reads)."""
-    direct = [_attrs(m.group(0)).get("id", "?") for m in _JUNCTION.finditer(text)
-              if _attrs(m.group(0)).get("type") == "direct"]
-    if not direct:
-        return ""
-    many = len(direct) > 1
-    return (f". The file has {'' if many else 'a '}direct junction{'s' if many else ''} (OpenDRIVE 1.6 "
-            f"type=\"direct\": roads linked with no connecting roads), which this parser does not "
-            f"read: junction{'s' if many else ''} {', '.join(direct[:8])}"
-            f"{f' and {len(direct) - 8} more' if len(direct) > 8 else ''}. Export the network "
-            f"with default junctions (connecting roads) instead")
+        raise MapError(f"{source}: the CARLA OpenDRIVE parser rejected the file: {exc}") from exc
 
 
 RECORDS_CACHE = "DRIVEMIND_MAP_CACHE"  # 0: read every map through the native parser
@@ -321,6 +414,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     text, arcs = constant_spirals_as_arcs(text)
     text, lines = flat_arcs_as_lines(text)
     text = ramp_lanes_as_driving(text)
+    text, direct = direct_junctions_as_links(text)
     text, junctions = junction_ids_apart(text)
     sample = build_kw.pop("sample", 0.5)
     cache = _records_cache_path(text, sample)
@@ -340,6 +434,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     from .validate import (drop_broken_successors, drop_points_nowhere, join_overlapped_ends,
                            merge_overlapping_junctions, warn_issues)
 
+    direct = link_direct_connections(records, direct) if direct else []
     nowhere = drop_points_nowhere(records)
     dropped = drop_broken_successors(records)
     # junctions whose lanes cross are one; a road's end under a junction's lanes joins it (which
@@ -350,7 +445,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     if validate:
         warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
                     lines=lines, junctions=junctions, nowhere=nowhere, joined=joined,
-                    merged=merged)
+                    merged=merged, direct=direct)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 

@@ -151,7 +151,8 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
                 dropped: list[tuple] | None = None, arcs: list[str] | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None, joined: list[str] | None = None,
-                merged: list[tuple] | None = None) -> dict[str, list[str]]:
+                merged: list[tuple] | None = None,
+                direct: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
@@ -164,7 +165,8 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     nowhere" (``nowhere``, from :func:`drop_points_nowhere`), "road ends under a junction's
     lanes joined to that junction" (``joined``, from :func:`join_overlapped_ends`), "junctions
     whose lanes run over each other, merged" (``merged``, from
-    :func:`merge_overlapping_junctions`),
+    :func:`merge_overlapping_junctions`), "direct junctions read as links between their roads'
+    lanes" (``direct``, from :func:`drivemind.maps.opendrive.link_direct_connections`),
     "junctions sharing an id with a road, renumbered" (``junctions``, from
     :func:`drivemind.maps.opendrive.junction_ids_apart`),
     "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`), lanes whose centre
@@ -205,7 +207,9 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
             ("road ends under a junction's lanes joined to that junction (its lanes ran over "
              "them: the traffic there now gives way as in the junction)", joined),
             ("junctions whose lanes run over each other, merged (their traffic gives way to "
-             "each other as in one junction)", merged)):
+             "each other as in one junction)", merged),
+            ("direct junctions (OpenDRIVE 1.6 type=\"direct\", which the CARLA parser mostly "
+             "rejects) read as links between their roads' lanes", direct)):
         if found:
             issues[kind] = list(found)
     back = [_lane(r.key) for r in records if broken_centre_line(r.points)]
@@ -658,10 +662,11 @@ def warn_issues(records, text: str | None, where: str, short: dict | None = None
                 dropped: list[tuple] | None = None, arcs: list[str] | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None, joined: list[str] | None = None,
-                merged: list[tuple] | None = None) -> dict[str, list[str]]:
+                merged: list[tuple] | None = None,
+                direct: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
     issues = find_issues(records, text, short, dropped, arcs, junctions, lines, nowhere,
-                         joined, merged)
+                         joined, merged, direct)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)
