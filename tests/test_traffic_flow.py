@@ -161,6 +161,30 @@ def test_a_vehicle_crossing_under_the_egos_road_does_not_wait_for_it():
     assert not events and world.npc_collision_total == 0
 
 
+@pytest.mark.parametrize("upper", [0.0, 6.0])
+def test_two_vehicles_on_lanes_apart_in_height_do_not_collide(upper):
+    """A junction's ramp passing over another lane of the same junction (scenariogeneration's
+    highway_bridge_example: a bridge 10 m up) is no collision where the lanes lie validate.LEVEL
+    m or more apart in height, inside junctions too; at one level the same overlap is one."""
+    def lane(key, p0, p1, z, junction=3):
+        n = 60
+        pts = np.stack([np.linspace(p0[0], p1[0], n), np.linspace(p0[1], p1[1], n)], 1)
+        return LaneRecord(key=key, points=pts, width=np.full(n, 3.5), mark_left=np.zeros(n, np.uint8),
+                          mark_right=np.zeros(n, np.uint8), junction=junction, successors=[],
+                          z=np.full(n, z))
+
+    rm = build_roadmap("ramp_over", [lane((1, 0, -1), (0, 0), (40, 0), 0.0),
+                                     lane((2, 0, -1), (20, -20), (20, 20), upper),
+                                     lane((3, 0, -1), (0, 200), (100, 200), 0.0, junction=-1)])
+    world = LiteWorld(rm, SimConfig(vehicles=2, traffic=TrafficParams(signals="none",
+                                                                      stuck_respawn=None)))
+    world.reset(seed=0, ego_pose=(1e3, 1e3, 0.0))
+    _place(world, 0, rm.key_index[(1, 0, -1)], 20.0)  # both where the lanes cross
+    _place(world, 1, rm.key_index[(2, 0, -1)], 20.0)
+    world.step((0.0, -1.0))
+    assert world.npc_collision_total == (0 if upper else 1)
+
+
 def test_waits_for_light_follows_the_chain_of_standing_vehicles():
     from drivemind.sim.kernels import BLOCKED_EGO, BLOCKED_LIGHT, BLOCKED_OTHER, NO_BLOCKER
     from drivemind.sim.kernels import _waits_for_light

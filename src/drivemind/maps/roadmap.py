@@ -111,6 +111,7 @@ class RoadMap:
     bounds: np.ndarray = field(default=None)  # xmin, ymin, xmax, ymax
     key_index: dict = field(default=None)
     source: str = ""
+    z: np.ndarray = field(default=None)  # (P,) height of each point (0 where the loader read none)
 
     # ------------------------------------------------------------------ basic queries
     @property
@@ -207,7 +208,7 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
         raise MapError(f"map {name!r} ({source or 'in memory'}) has no drivable lanes")
     key_index = {ln.key: i for i, ln in enumerate(lanes)}
     L = len(lanes)
-    pts, yaws, ss, widths, ml, mr, plane = [], [], [], [], [], [], []
+    pts, yaws, ss, widths, ml, mr, plane, zs = [], [], [], [], [], [], [], []
     offset = np.zeros(L + 1, np.int64)
     length = np.zeros(L)
     ds = np.zeros(L)
@@ -227,6 +228,8 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
         ml.append(_interp_attr(np.asarray(ln.mark_left, np.uint8), len(ln.mark_left), n))
         mr.append(_interp_attr(np.asarray(ln.mark_right, np.uint8), len(ln.mark_right), n))
         plane.append(np.full(n, i, np.int32))
+        zs.append(np.zeros(n) if ln.z is None or not len(ln.z)
+                  else _interp_attr(np.asarray(ln.z, float), len(ln.z), n))
         offset[i + 1] = offset[i] + n
         length[i], ds[i] = lng, d
     succ_lists = [[key_index[k] for k in ln.successors if k in key_index] for ln in lanes]
@@ -269,6 +272,7 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
         mark_left=np.concatenate(ml), mark_right=np.concatenate(mr),
         point_lane=np.concatenate(plane), junction_ids=jids, junction_bbox=jbox,
         light_landmarks=list(landmarks), key_index=key_index, source=source,
+        z=np.concatenate(zs),
     )
     rm.bounds = np.array([all_pts[:, 0].min(), all_pts[:, 1].min(), all_pts[:, 0].max(),
                           all_pts[:, 1].max()])

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from ..maps.validate import LEVEL
 from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, PAINTED_SOLID, MarkingType, RoadMap
 from ..maps.spatial import lane_grid, nearest_point, off_road
 from . import kernels as K
@@ -173,6 +174,7 @@ class LiteWorld:
         self._grid = lane_grid(roadmap)
         self._ego_jlanes = np.full(16, -1, np.int64)
         self._ego_lane = -1  # junction lanes the ego may be on
+        self._ego_s = 0.0
         self._lane_junction, self._lane_length = roadmap.junction.tolist(), roadmap.length.tolist()
         # lanes leading into a junction (traffic.ego_turn)
         self._into_junction = [bool(roadmap.junction[lane] < 0 and any(
@@ -633,7 +635,7 @@ class LiteWorld:
         p = nearest_point(*self._grid.args(), self.map.pts, self.map.yaw, e["x"], e["y"], e["yaw"],
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
-        self._ego_lane = ego_lane
+        self._ego_lane, self._ego_s = ego_lane, ego_s
         self._update_lights(dt, ego_lane, ego_s)
         ego_turn = self._ego_turn(dt, ego_lane, ego_s, ehl)
         # in a junction, where connectors overlap, the ego may be on any of several
@@ -821,8 +823,9 @@ class LiteWorld:
                             ext, buf)
         now = set()
         for j in buf[:k].tolist():
-            if j < len(self.v_lane) and self._grade_separated(self._ego_lane, e["yaw"],
-                                                              int(self.v_lane[j]), float(yaw[j])):
+            if j < len(self.v_lane) and self._grade_separated(
+                    self._ego_lane, self._ego_s, e["yaw"], int(self.v_lane[j]),
+                    float(self.v_s[j]), float(yaw[j])):
                 continue
             aid = int(ids[j])
             now.add(aid)
@@ -843,8 +846,9 @@ class LiteWorld:
         pairs = set()
         for pr in pbuf[:min(npair, 64)].tolist():
             i, j = divmod(pr, nall)
-            if not (j < nv and self._grade_separated(int(self.v_lane[i]), float(yaw[i]),
-                                                     int(self.v_lane[j]), float(yaw[j]))):
+            if not (j < nv and self._grade_separated(
+                    int(self.v_lane[i]), float(self.v_s[i]), float(yaw[i]), int(self.v_lane[j]),
+                    float(self.v_s[j]), float(yaw[j]))):
                 pairs.add(pr)
         new = len(pairs - self._npc_contacts)
         self._npc_contacts = pairs
@@ -857,12 +861,26 @@ class LiteWorld:
             return math.hypot(self.w_vel[w, 0], self.w_vel[w, 1])
         return float(self.w_speed[w] * (self.w_state[w] == 1))
 
-    def _grade_separated(self, la: int, ya: float, lb: int, yb: float) -> bool:
-        """Two boxes overlapping in plan view on roads that cross outside any junction: one
-        passes over the other (a bridge; the map is flat here), so it is no collision."""
-        if la < 0 or lb < 0 or self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
+    def _grade_separated(self, la: int, sa: float, ya: float, lb: int, sb: float,
+                         yb: float) -> bool:
+        """Two boxes overlapping in plan view, one on lane ``la`` at ``sa`` heading ``ya``, the
+        other on ``lb``: one passes over the other, so it is no collision, where the two lanes
+        there lie LEVEL m or more apart in height (a bridge: over a highway, a junction's ramp
+        over another road), or where their roads cross outside any junction (a bridge on a map
+        without heights)."""
+        if la < 0 or lb < 0:
+            return False
+        if abs(self._height(la, sa) - self._height(lb, sb)) >= LEVEL:
+            return True
+        if self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
             return False
         return abs(math.cos(ya - yb)) < K.GRADE_SEPARATED_COS
+
+    def _height(self, lane: int, s: float) -> float:
+        """The height of lane ``lane`` at ``s`` (its nearest point)."""
+        m = self.map
+        a, b = int(m.offset[lane]), int(m.offset[lane + 1])
+        return float(m.z[min(a + int(s / max(float(m.ds[lane]), 1e-6)), b - 1)])
 
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
