@@ -20,9 +20,9 @@ import math
 
 import numpy as np
 
-from ..maps.validate import LEVEL
 from ..maps.roadmap import BROKEN_MARKINGS, MIN_SPAWN_WIDTH, PAINTED_SOLID, MarkingType, RoadMap
 from ..maps.spatial import lane_grid, nearest_point, off_road
+from ..maps.validate import LEVEL
 from . import kernels as K
 from .config import SimConfig
 from .snapshot import (ActorClass, Actors, CollisionEvent, EgoState, LightState, TrafficLights,
