@@ -142,7 +142,7 @@ def test_a_direct_junction_is_read_as_links_between_its_roads_lanes():
     assert succ[(1, 0, -3)] == [(3, 0, -1)]  # the exit
     assert not (rm.junction >= 0).any()
     [msg] = [m for m in msgs if "direct junctions" in m]
-    assert "junction 9: road 1 into roads 2, 3 (3 lane links)" in msg
+    assert "junction 9: road 1 with roads 2, 3 (3 lane links)" in msg
 
 
 def test_a_direct_junction_links_only_lanes_whose_ends_meet():
@@ -156,7 +156,7 @@ def test_a_direct_junction_links_only_lanes_whose_ends_meet():
     rm, msgs = _load(text, "direct_apart")
     assert len(rm.successors(rm.key_index[(1, 0, -3)])) == 0
     [msg] = [m for m in msgs if "direct junctions" in m]
-    assert "junction 9: road 1 into road 2 (2 lane links)" in msg
+    assert "junction 9: road 1 with road 2 (2 lane links)" in msg
 
 
 def test_lanes_without_a_type_are_named_in_the_error():

@@ -261,8 +261,8 @@ def link_direct_connections(records: list[LaneRecord], conns: list[DirectConnect
     """Join the lanes of each direct junction's connections (:func:`direct_junctions_as_links`):
     each lane pair of a connection whose ends meet (one's last point within DIRECT_LINK_GAP m of
     the other's first, heading on the same way) gets that successor link, in whichever direction
-    its traffic drives. Returns one description per junction ("junction 4: road 1 into roads 2,
-    3 (3 lane links)")."""
+    its traffic drives. Returns one description per junction ("junction 4: road 1 with roads 2,
+    3 (3 lane links)": its connections' incoming and linked roads)."""
     by_lane: dict[tuple[int, int], list[LaneRecord]] = {}
     for r in records:
         by_lane.setdefault((r.key[0], r.key[2]), []).append(r)
@@ -291,7 +291,7 @@ def link_direct_connections(records: list[LaneRecord], conns: list[DirectConnect
                         entry[0].add(c.incoming)
                         entry[1].add(c.linked)
                         entry[2] += 1
-    return [f"junction {j}: road{'s' if len(i) > 1 else ''} {', '.join(map(str, sorted(i)))} into "
+    return [f"junction {j}: road{'s' if len(i) > 1 else ''} {', '.join(map(str, sorted(i)))} with "
             f"road{'s' if len(o) > 1 else ''} {', '.join(map(str, sorted(o)))} ({k} lane link"
             f"{'s' if k != 1 else ''})" for j, (i, o, k) in made.items()]
 

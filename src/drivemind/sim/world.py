@@ -880,7 +880,7 @@ class LiteWorld:
         """The height of lane ``lane`` at ``s`` (its nearest point)."""
         m = self.map
         a, b = int(m.offset[lane]), int(m.offset[lane + 1])
-        return float(m.z[min(a + int(s / max(float(m.ds[lane]), 1e-6)), b - 1)])
+        return float(m.z[min(a + max(int(s / max(float(m.ds[lane]), 1e-6)), 0), b - 1)])
 
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
