@@ -174,7 +174,6 @@ class LiteWorld:
         self._grid = lane_grid(roadmap)
         self._ego_jlanes = np.full(16, -1, np.int64)
         self._ego_lane = -1  # junction lanes the ego may be on
-        self._ego_s = 0.0
         self._lane_junction, self._lane_length = roadmap.junction.tolist(), roadmap.length.tolist()
         # lanes leading into a junction (traffic.ego_turn)
         self._into_junction = [bool(roadmap.junction[lane] < 0 and any(
@@ -635,7 +634,7 @@ class LiteWorld:
         p = nearest_point(*self._grid.args(), self.map.pts, self.map.yaw, e["x"], e["y"], e["yaw"],
                           math.pi / 2, 4.0)
         ego_lane, ego_s = (-1, 0.0) if p < 0 else (int(self.map.point_lane[p]), float(self.map.s[p]))
-        self._ego_lane, self._ego_s = ego_lane, ego_s
+        self._ego_lane = ego_lane
         self._update_lights(dt, ego_lane, ego_s)
         ego_turn = self._ego_turn(dt, ego_lane, ego_s, ehl)
         # in a junction, where connectors overlap, the ego may be on any of several
@@ -824,8 +823,7 @@ class LiteWorld:
         now = set()
         for j in buf[:k].tolist():
             if j < len(self.v_lane) and self._grade_separated(
-                    self._ego_lane, self._ego_s, e["yaw"], int(self.v_lane[j]),
-                    float(self.v_s[j]), float(yaw[j])):
+                    self._ego_lane, e["yaw"], int(self.v_lane[j]), float(yaw[j])):
                 continue
             aid = int(ids[j])
             now.add(aid)
@@ -847,8 +845,8 @@ class LiteWorld:
         for pr in pbuf[:min(npair, 64)].tolist():
             i, j = divmod(pr, nall)
             if not (j < nv and self._grade_separated(
-                    int(self.v_lane[i]), float(self.v_s[i]), float(yaw[i]), int(self.v_lane[j]),
-                    float(self.v_s[j]), float(yaw[j]))):
+                    int(self.v_lane[i]), float(yaw[i]), int(self.v_lane[j]), float(yaw[j]),
+                    float(self.v_s[i]), float(self.v_s[j]))):
                 pairs.add(pr)
         new = len(pairs - self._npc_contacts)
         self._npc_contacts = pairs
@@ -861,16 +859,18 @@ class LiteWorld:
             return math.hypot(self.w_vel[w, 0], self.w_vel[w, 1])
         return float(self.w_speed[w] * (self.w_state[w] == 1))
 
-    def _grade_separated(self, la: int, sa: float, ya: float, lb: int, sb: float,
-                         yb: float) -> bool:
-        """Two boxes overlapping in plan view, one on lane ``la`` at ``sa`` heading ``ya``, the
-        other on ``lb``: one passes over the other, so it is no collision, where the two lanes
-        there lie LEVEL m or more apart in height (a bridge: over a highway, a junction's ramp
-        over another road), or where their roads cross outside any junction (a bridge on a map
-        without heights)."""
+    def _grade_separated(self, la: int, ya: float, lb: int, yb: float,
+                         sa: float | None = None, sb: float | None = None) -> bool:
+        """Two boxes overlapping in plan view, one on lane ``la`` heading ``ya``, the other on
+        ``lb``: one passes over the other, so it is no collision, where their roads cross outside
+        any junction (a bridge on a map without heights), or, given both arc lengths (two
+        background vehicles, whose lanes are their own), where the two lanes there lie LEVEL m
+        or more apart in height (a junction's ramp over a highway). The ego's lane is only the
+        nearest in plan view, which under a bridge may be the lane above it, so for the ego
+        heights are not read."""
         if la < 0 or lb < 0:
             return False
-        if abs(self._height(la, sa) - self._height(lb, sb)) >= LEVEL:
+        if sa is not None and abs(self._height(la, sa) - self._height(lb, sb)) >= LEVEL:
             return True
         if self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
             return False
