@@ -1799,10 +1799,27 @@ def _xodr_files(folder) -> list[Path]:
     return sorted(f for f in Path(folder).iterdir() if f.name.endswith(XODR_SUFFIXES))
 
 
-def _set_runs(args) -> list[tuple[str, str, str | None, str]]:
-    """(key, town, map folder or None, density) of every run of a set: each OpenDRIVE file of
-    each folder named, and each other name as a town (built-in, shipped or on the search path)."""
+def _set_seeds(args) -> list[int] | None:
+    """The seeds of ``--seeds`` (None: one run per network and density, at ``--seed``)."""
+    if not args.seeds:
+        return None
+    if args.bench != "sim":
+        raise SystemExit("--seeds is for --bench sim (the expert's fixed routes take no seed)")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds takes comma-separated integers, e.g. 0,1,2; got {args.seeds!r}")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--seeds takes distinct integers, e.g. 0,1,2; got {args.seeds!r}")
+    return seeds
+
+
+def _set_runs(args) -> list[tuple[str, str, str | None, str, int]]:
+    """(key, town, map folder or None, density, seed) of every run of a set: each OpenDRIVE file
+    of each folder named, and each other name as a town (built-in, shipped or on the search
+    path); with ``--seeds``, each at every seed (its key ending ``__s<seed>``)."""
     densities = [d for d in args.densities.split(",") if d]
+    seeds = _set_seeds(args)
     runs = []
     for src in args.sources:
         p = Path(src)
@@ -1820,6 +1837,10 @@ def _set_runs(args) -> list[tuple[str, str, str | None, str]]:
                          for d in densities]
         else:
             runs += [(f"{src}__{d}", src, None, d) for d in densities]
+    if seeds is None:
+        runs = [(*r, args.seed) for r in runs]
+    else:
+        runs = [(f"{r[0]}__s{s}", *r[1:], s) for r in runs for s in seeds]
     keys = [r[0] for r in runs]
     if len(set(keys)) != len(keys):
         raise SystemExit("two runs of the set share a name (two folders of one name?); "
@@ -1831,14 +1852,14 @@ def _set_run(args, out: Path, run) -> tuple[str, dict, bool]:
     """One run of a set: ``bench.py <bench>`` in a child process (its own DRIVEMIND_MAP_PATH),
     its JSON written to ``out`` as it ends; a run already there is read back (a set resumes).
     A run that fails keeps the last line of its error."""
-    key, town, folder, density = run
+    key, town, folder, density, seed = run
     path = out / f"{key}.json"
     if path.exists():
         return key, json.loads(path.read_text()), False
     cmd = [sys.executable, str(Path(__file__).resolve()), args.bench, "--town", town,
            "--density", density]
     if args.bench == "sim":
-        cmd += ["--seconds", str(args.seconds), "--seed", str(args.seed), "--cores", "0"]
+        cmd += ["--seconds", str(args.seconds), "--seed", str(seed), "--cores", "0"]
     for kv in args.traffic or []:
         cmd += ["--traffic", kv]
     env = dict(os.environ)
@@ -1880,8 +1901,10 @@ def bench_sim_set(args) -> dict:
     per_run = {k: ({"error": r["error"]} if "error" in r else {x: r.get(x) for x in keys})
                for k, r, _ in done}
     ok = {k: r for k, r in per_run.items() if "error" not in r}
+    seeds = _set_seeds(args)
     result = {"what": "sim-set", "bench": args.bench, "sources": list(args.sources),
-              "densities": args.densities, "seed": args.seed, "traffic": args.traffic or [],
+              "densities": args.densities, "seed": args.seed if seeds is None else seeds,
+              "traffic": args.traffic or [],
               "out": str(out), "runs": len(runs), "ran_now": sum(1 for *_, new in done if new),
               "failed": {k: r["error"] for k, r in per_run.items() if "error" in r}}
     if args.bench == "sim":
@@ -1894,6 +1917,19 @@ def bench_sim_set(args) -> dict:
             k for k, r in ok.items()
             if (r["npc_mean_speed_kmh"] or 0) < 15.0 or (r["npc_stopped_share_at_end"] or 0) > 0.3
             or (r["npc_max_stuck_s"] or 0) > 120.0 or r["npc_collisions"] or r["ego_collisions"])
+        if seeds is not None:
+            # each network and density over its seeds: the mean NPC speed and its seeds' figures
+            by: dict[str, list] = {}
+            for k, r in ok.items():
+                by.setdefault(k.rsplit("__s", 1)[0], []).append(r)
+            result["over_seeds"] = {
+                k: {"seeds": len(rs),
+                    "npc_mean_speed_kmh": round(float(np.mean([r["npc_mean_speed_kmh"] for r in rs])), 2),
+                    "npc_stopped_share_at_end_max": max(r["npc_stopped_share_at_end"] for r in rs),
+                    "npc_max_stuck_s_max": max(r["npc_max_stuck_s"] for r in rs),
+                    **{x: int(sum(r[x] or 0 for r in rs))
+                       for x in ("npc_respawns", "npc_collisions", "ego_collisions")}}
+                for k, rs in by.items()}
     else:
         result["totals"] = {"collisions_caused": int(sum(r["collisions_caused"] or 0 for r in ok.values()))}
         result["below_0.95"] = sorted(k for k, r in ok.items() if (r["route_completion"] or 0) < 0.95)
@@ -2020,6 +2056,9 @@ def main(argv=None):
     p.add_argument("--densities", default="dense,drivevlm", help="comma-separated")
     p.add_argument("--seconds", type=float, default=600.0, help="simulated seconds per `sim` run")
     p.add_argument("--seed", type=int, default=0, help="the `sim` runs' seed")
+    p.add_argument("--seeds", default=None, metavar="S,S,...",
+                   help="run each network and density at each of these seeds (keys end __s<seed>; "
+                        "`over_seeds` gives the mean NPC speed per network and density)")
     p.add_argument("--traffic", action="append", metavar="KEY=VALUE",
                    help="a sim.traffic setting for every run (repeatable)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time")

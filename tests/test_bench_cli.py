@@ -92,3 +92,33 @@ def test_bench_sim_set_runs_every_file_and_town_resumes_and_compares(tmp_path, c
     assert list(third["compare"]["differ"]) == ["grid__dense"]
     assert list(third["compare"]["differ"]["grid__dense"]) == ["npc_respawns"]
     capsys.readouterr()
+
+
+def test_bench_sim_set_runs_each_network_at_each_seed(tmp_path, capsys):
+    """`sim-set --seeds 0,1`: each network and density at each seed (keys ending __s<seed>, each
+    run's JSON carrying its seed), and `over_seeds` the mean NPC speed over them; --seeds is
+    refused with the expert's fixed routes and when it is not a list of distinct integers."""
+    import json
+
+    from script_loader import load_script
+
+    bench = load_script("bench")
+    out = tmp_path / "runs"
+    argv = ["sim-set", "grid", "--densities", "dense", "--seconds", "5", "--jobs", "2",
+            "--out", str(out)]
+    res = bench.main(argv + ["--seeds", "0,1"])
+    runs = res["per_run"]
+    assert sorted(runs) == ["grid__dense__s0", "grid__dense__s1"] and res["seed"] == [0, 1]
+    assert [json.loads((out / f"grid__dense__s{s}.json").read_text())["seed"] for s in (0, 1)] == [0, 1]
+    assert runs["grid__dense__s0"] != runs["grid__dense__s1"]  # another seed, another traffic
+    over = res["over_seeds"]["grid__dense"]
+    assert over["seeds"] == 2
+    assert over["npc_mean_speed_kmh"] == pytest.approx(
+        (runs["grid__dense__s0"]["npc_mean_speed_kmh"] + runs["grid__dense__s1"]["npc_mean_speed_kmh"]) / 2,
+        abs=0.006)
+    for bad, msg in ((["--seeds", "0,x"], "comma-separated integers"),
+                     (["--seeds", "1,1"], "distinct integers"),
+                     (["--seeds", "0,1", "--bench", "autopilot"], "for --bench sim")):
+        with pytest.raises(SystemExit, match=msg):
+            bench.main(argv + bad)
+    capsys.readouterr()
