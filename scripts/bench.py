@@ -1930,6 +1930,12 @@ def bench_sim_set(args) -> dict:
                     **{x: int(sum(r[x] or 0 for r in rs))
                        for x in ("npc_respawns", "npc_collisions", "ego_collisions")}}
                 for k, rs in by.items()}
+            # the bars over the seeds: the mean speed, the worst seed's standing figures, any
+            # contact
+            result["over_seeds_missing_bars"] = sorted(
+                k for k, r in result["over_seeds"].items()
+                if r["npc_mean_speed_kmh"] < 15.0 or r["npc_stopped_share_at_end_max"] > 0.3
+                or r["npc_max_stuck_s_max"] > 120.0 or r["npc_collisions"] or r["ego_collisions"])
     else:
         result["totals"] = {"collisions_caused": int(sum(r["collisions_caused"] or 0 for r in ok.values()))}
         result["below_0.95"] = sorted(k for k, r in ok.items() if (r["route_completion"] or 0) < 0.95)

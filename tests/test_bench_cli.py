@@ -116,6 +116,8 @@ def test_bench_sim_set_runs_each_network_at_each_seed(tmp_path, capsys):
     assert over["npc_mean_speed_kmh"] == pytest.approx(
         (runs["grid__dense__s0"]["npc_mean_speed_kmh"] + runs["grid__dense__s1"]["npc_mean_speed_kmh"]) / 2,
         abs=0.006)
+    # grid at dense for 5 s: under 15 km/h (the cars are still starting)
+    assert over["npc_mean_speed_kmh"] < 15.0 and res["over_seeds_missing_bars"] == ["grid__dense"]
     for bad, msg in ((["--seeds", "0,x"], "comma-separated integers"),
                      (["--seeds", "1,1"], "distinct integers"),
                      (["--seeds", "0,1", "--bench", "autopilot"], "for --bench sim")):
