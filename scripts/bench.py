@@ -1799,6 +1799,13 @@ def _xodr_files(folder) -> list[Path]:
     return sorted(f for f in Path(folder).iterdir() if f.name.endswith(XODR_SUFFIXES))
 
 
+def _misses_bars(speed, standing, stuck, npc_collisions, ego_collisions) -> bool:
+    """Whether a run's figures (or a network's over its seeds) miss issue 13's bars: NPC mean
+    speed >= 15 km/h, standing share at the end <= 0.3, longest standing <= 120 s, no contact."""
+    return bool((speed or 0) < 15.0 or (standing or 0) > 0.3 or (stuck or 0) > 120.0
+                or npc_collisions or ego_collisions)
+
+
 def _set_seeds(args) -> list[int] | None:
     """The seeds of ``--seeds`` (None: one run per network and density, at ``--seed``)."""
     if not args.seeds:
@@ -1814,12 +1821,12 @@ def _set_seeds(args) -> list[int] | None:
     return seeds
 
 
-def _set_runs(args) -> list[tuple[str, str, str | None, str, int]]:
+def _set_runs(args, seeds: list[int] | None) -> list[tuple[str, str, str | None, str, int]]:
     """(key, town, map folder or None, density, seed) of every run of a set: each OpenDRIVE file
     of each folder named, and each other name as a town (built-in, shipped or on the search
-    path); with ``--seeds``, each at every seed (its key ending ``__s<seed>``)."""
+    path); with ``seeds`` (:func:`_set_seeds`), each at every seed (its key ending
+    ``__s<seed>``)."""
     densities = [d for d in args.densities.split(",") if d]
-    seeds = _set_seeds(args)
     runs = []
     for src in args.sources:
         p = Path(src)
@@ -1893,7 +1900,8 @@ def bench_sim_set(args) -> dict:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = _set_runs(args)
+    seeds = _set_seeds(args)
+    runs = _set_runs(args, seeds)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as ex:
         done = list(ex.map(lambda r: _set_run(args, out, r), runs))
@@ -1901,7 +1909,6 @@ def bench_sim_set(args) -> dict:
     per_run = {k: ({"error": r["error"]} if "error" in r else {x: r.get(x) for x in keys})
                for k, r, _ in done}
     ok = {k: r for k, r in per_run.items() if "error" not in r}
-    seeds = _set_seeds(args)
     result = {"what": "sim-set", "bench": args.bench, "sources": list(args.sources),
               "densities": args.densities, "seed": args.seed if seeds is None else seeds,
               "traffic": args.traffic or [],
@@ -1915,8 +1922,8 @@ def bench_sim_set(args) -> dict:
                                         if ok else None)
         result["missing_bars"] = sorted(
             k for k, r in ok.items()
-            if (r["npc_mean_speed_kmh"] or 0) < 15.0 or (r["npc_stopped_share_at_end"] or 0) > 0.3
-            or (r["npc_max_stuck_s"] or 0) > 120.0 or r["npc_collisions"] or r["ego_collisions"])
+            if _misses_bars(r["npc_mean_speed_kmh"], r["npc_stopped_share_at_end"],
+                            r["npc_max_stuck_s"], r["npc_collisions"], r["ego_collisions"]))
         if seeds is not None:
             # each network and density over its seeds: the mean NPC speed and its seeds' figures
             by: dict[str, list] = {}
@@ -1934,8 +1941,8 @@ def bench_sim_set(args) -> dict:
             # contact
             result["over_seeds_missing_bars"] = sorted(
                 k for k, r in result["over_seeds"].items()
-                if r["npc_mean_speed_kmh"] < 15.0 or r["npc_stopped_share_at_end_max"] > 0.3
-                or r["npc_max_stuck_s_max"] > 120.0 or r["npc_collisions"] or r["ego_collisions"])
+                if _misses_bars(r["npc_mean_speed_kmh"], r["npc_stopped_share_at_end_max"],
+                                r["npc_max_stuck_s_max"], r["npc_collisions"], r["ego_collisions"]))
     else:
         result["totals"] = {"collisions_caused": int(sum(r["collisions_caused"] or 0 for r in ok.values()))}
         result["below_0.95"] = sorted(k for k, r in ok.items() if (r["route_completion"] or 0) < 0.95)

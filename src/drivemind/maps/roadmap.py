@@ -139,6 +139,11 @@ class RoadMap:
         p = self.pts[a] * (1 - t) + self.pts[a + 1] * t
         return float(p[0]), float(p[1]), float(self.yaw[a])
 
+    def height_at(self, lane: int, s: float) -> float:
+        """Height of ``lane``'s centre line at its point at or before arc length ``s``."""
+        a, b = int(self.offset[lane]), int(self.offset[lane + 1])
+        return float(self.z[min(a + max(int(s / max(float(self.ds[lane]), 1e-6)), 0), b - 1)])
+
     def lane_polygon(self, lane: int) -> np.ndarray:
         """Drivable-area polygon of one lane: left boundary then the right boundary reversed."""
         a, b = self.offset[lane], self.offset[lane + 1]

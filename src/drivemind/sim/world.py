@@ -870,17 +870,12 @@ class LiteWorld:
         heights are not read."""
         if la < 0 or lb < 0:
             return False
-        if sa is not None and abs(self._height(la, sa) - self._height(lb, sb)) >= LEVEL:
+        m = self.map
+        if sa is not None and abs(m.height_at(la, sa) - m.height_at(lb, sb)) >= LEVEL:
             return True
         if self._lane_junction[la] >= 0 or self._lane_junction[lb] >= 0:
             return False
         return abs(math.cos(ya - yb)) < K.GRADE_SEPARATED_COS
-
-    def _height(self, lane: int, s: float) -> float:
-        """The height of lane ``lane`` at ``s`` (its nearest point)."""
-        m = self.map
-        a, b = int(m.offset[lane]), int(m.offset[lane + 1])
-        return float(m.z[min(a + max(int(s / max(float(m.ds[lane]), 1e-6)), 0), b - 1)])
 
     # ------------------------------------------------------------------ snapshot
     def _snapshot(self, events, npc_new) -> WorldSnapshot:
