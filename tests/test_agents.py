@@ -263,7 +263,7 @@ def test_sample_only_labelled_and_relabel_keeps_observations(rollout):
     buf.label(Time(), half)
     times = set()
     for _ in range(20):
-        times |= set(buf.sample(64).rewards.numpy().ravel().round(5))
+        times |= set(buf.sample(64).rewards.cpu().numpy().ravel().round(5))
     labelled_times = set(buf.facts.reshape(-1, len(FACT_KEYS))[half, FACT_KEYS.index("time")].round(5))
     assert times <= labelled_times
     assert not times & (set(np.round(list(unlabelled_times), 5)) - labelled_times)
@@ -297,7 +297,7 @@ def test_nonfinite_rewards_never_sampled(rollout):
     assert buf.nonfinite_rewards == 40 and buf.counts()["invalid"] == 40
     assert np.all(buf.labels.reshape(-1)[buf.slots(INVALID)] == INVALID)
     for _ in range(10):
-        assert np.all(buf.sample(32).rewards.numpy() == 1.0)
+        assert np.all(buf.sample(32).rewards.cpu().numpy() == 1.0)
 
 
 def test_truncate_last_trajectory_keeps_next_obs(rollout):

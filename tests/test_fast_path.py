@@ -177,7 +177,7 @@ def test_bench_train_times_the_cnn_path_where_a_preset_has_no_encoder_weights(mo
     res = bench.main(["train", "--town", "grid", "--density", "empty", "--bev", "roach", "--batch-size", "8",
                       "--buffer-size", "200", "--warmup", "20", "--steps", "5", "--rounds", "1",
                       "--threads", "1"])
-    assert res["bev"] == [15, 192, 192] and res["device"] == "cpu"
+    assert res["bev"] == [15, 192, 192] and res["device"] == ("cuda" if th.cuda.is_available() else "cpu")
     assert res["steps_per_s"] > 0 and res["sb3_steps_per_s"] > 0
     assert res["fast_steps_per_s"] is None and "bev_encoder_roach.pt" in res["fast_skipped"]
     assert set(res["rounds"]) == {"drivemind", "sb3"}
@@ -216,7 +216,7 @@ def test_n_step_returns_stop_at_episode_ends_unlabelled_rows_and_the_write_posit
 
     space = spaces.Dict({"x": spaces.Box(-1e6, 1e6, (1,), np.float32)})
     buf = RelabelReplayBuffer(8, space, spaces.Box(-1, 1, (2,), np.float32), fact_keys=("f",),
-                              n_steps=3, gamma=0.5)
+                              n_steps=3, gamma=0.5, device="cpu")
     dones = [0, 0, 0, 1, 0, 0]  # an episode of 4 transitions, then one of 2 (still running)
     for t, d in enumerate(dones):
         buf.add({"x": np.array([[t]], np.float32)}, {"x": np.array([[t + 1]], np.float32)},
@@ -293,7 +293,8 @@ def test_bench_update_times_the_fast_path_gradient_step_per_batch_size(capsys):
     bench = load_script("bench")
     res = bench.main(["update", "--town", "grid", "--density", "empty", "--batch-sizes", "16,32",
                       "--autocast", "bf16", "--warmup", "0", "--updates", "2", "--rounds", "2",
-                      "--compare-decode", "--profile", "12", "algo.learning_starts=30", "checkpoint_every=0"])
+                      "--compare-decode", "--profile", "12", "algo.learning_starts=30", "checkpoint_every=0",
+                      "device=cpu"])  # a GPU's paths are checked on one (docs/benchmarks.md, stop 58)
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == json.loads(json.dumps(res))
     # on the CPU the images are always expanded there: --compare-decode adds nothing
