@@ -418,8 +418,9 @@ def test_a_lane_walked_by_next_matches_the_native_walk():
 
 # ------------------------------------------------- junctions numbered as roads (carla mislinks)
 
-def _two_roads_and_a_junction(jid: str) -> str:
-    """Road 1 (0-50 m) -> junction ``jid`` (connecting road 3, 10 m) -> road 2 (60-110 m)."""
+def _two_roads_and_a_junction(jid: str, roads: tuple[str, str, str] = ("1", "2", "3")) -> str:
+    """Road 1 (0-50 m) -> junction ``jid`` (connecting road 3, 10 m) -> road 2 (60-110 m);
+    ``roads``: the three roads' ids in that order."""
     lane = ('<lane id="-1" type="driving" level="false"><link>{}</link>'
             '<width sOffset="0" a="3.5" b="0" c="0" d="0"/></lane>')
 
@@ -430,15 +431,18 @@ def _two_roads_and_a_junction(jid: str) -> str:
                 f'<center><lane id="0" type="none" level="false"/></center><right>'
                 f'{lane.format(lane_link)}</right></laneSection></lanes></road>')
 
+    r1, r2, r3 = roads
     return (HEAD
-            + road(1, 0, 50, f'<successor elementType="junction" elementId="{jid}"/>', "")
-            + road(2, 60, 50, f'<predecessor elementType="junction" elementId="{jid}"/>', "")
-            + road(3, 50, 10, '<predecessor elementType="road" elementId="1" contactPoint="end"/>'
-                   '<successor elementType="road" elementId="2" contactPoint="start"/>',
+            + road(r1, 0, 50, f'<successor elementType="junction" elementId="{jid}"/>', "")
+            + road(r2, 60, 50, f'<predecessor elementType="junction" elementId="{jid}"/>', "")
+            + road(r3, 50, 10, f'<predecessor elementType="road" elementId="{r1}" contactPoint="end"/>'
+                   f'<successor elementType="road" elementId="{r2}" contactPoint="start"/>',
                    '<predecessor id="-1"/><successor id="-1"/>', junction=jid)
-            + f'<junction id="{jid}" name="j"><connection id="0" incomingRoad="1" '
-              f'connectingRoad="3" contactPoint="start"><laneLink from="-1" to="-1"/>'
-              f'</connection></junction></OpenDRIVE>')
+            + f'<junction id="{jid}" name="j"><connection id="0" incomingRoad="{r1}" '
+              f'connectingRoad="{r3}" contactPoint="start"><laneLink from="-1" to="-1"/>'
+              f'</connection><priority high="{r3}" low="{r3}"/></junction>'
+              f'<junctionGroup id="g" type="roundabout"><junctionReference junction="{jid}"/>'
+              f'</junctionGroup></OpenDRIVE>')
 
 
 def _way_on(rm, road):
@@ -472,6 +476,40 @@ def test_a_junction_numbered_as_a_road_is_renumbered_and_its_roads_keep_their_li
         "mislinks the roads leading into such a junction): junction 1 -> 4"]
     assert junction_ids_apart(_two_roads_and_a_junction("9")) == (
         _two_roads_and_a_junction("9"), [])
+
+
+def test_roads_and_junctions_named_by_strings_are_numbered_and_keep_their_links():
+    """OpenDRIVE 1.5+ ids may be any string (esmini's fabriksgatan_mixed_id_types: a road
+    "Kalle", a junction "Junction4"); carla 0.9.16 reads them as numbers, so such roads land on
+    one number and overwrite each other. The loader numbers them first, every reference with
+    them, and says which."""
+    from drivemind.maps.opendrive import carla_lane_records, numeric_ids, parse_carla_map
+
+    named = _two_roads_and_a_junction("Junction4", roads=("Kalle", "007", "ConnectingRoad9"))
+    # the native parser, on the text as written, loses roads: why the rewrite exists
+    raw, _, _ = carla_lane_records(parse_carla_map(named, "named", "named.xodr"), name="named")
+    assert len({r.key[0] for r in raw}) < 3, "carla read three roads named by strings"
+    text, renumbered = numeric_ids(named)
+    assert renumbered == ["road 'Kalle' -> 0", "road '007' -> 1", "road 'ConnectingRoad9' -> 2",
+                          "junction 'Junction4' -> 3"]
+    for ref in ('id="0"', 'elementId="0"', 'incomingRoad="0"', 'connectingRoad="2"',
+                'high="2" low="2"', 'junction="3"', '<junction id="3"', 'elementId="3"',
+                '<junctionReference junction="3"/>'):
+        assert ref in text, ref
+    assert not any(f'"{x}"' in text for x in ("Kalle", "007", "ConnectingRoad9", "Junction4"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rm = load_xodr_text(named, "named", source="named.xodr", native_check=False)
+    assert _way_on(rm, 0) == [2] and _way_on(rm, 2) == [1]
+    msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
+    assert msgs == ["named (named.xodr): 4 roads and junctions whose ids are not numbers, "
+                    "renumbered (the CARLA parser reads ids as numbers: such roads would land on "
+                    "one number and overwrite each other): road 'Kalle' -> 0; road '007' -> 1; "
+                    "road 'ConnectingRoad9' -> 2; junction 'Junction4' -> 3"]
+    # plain ids: the text unchanged; a string id beside plain ones gets a number above them all
+    assert numeric_ids(_two_roads_and_a_junction("9")) == (_two_roads_and_a_junction("9"), [])
+    text, renumbered = numeric_ids(_two_roads_and_a_junction("9", roads=("1", "4294967295", "3")))
+    assert renumbered == ["road '4294967295' -> 10"] and 'elementId="10"' in text
 
 
 # ------------------------------------------------------------------- lane records cached on disk

@@ -19,7 +19,8 @@ export junction turns) is drawn as a straight line by carla 0.9.16, so the lanes
 back to where the file puts the next piece; :func:`constant_spirals_as_arcs` writes such a piece as
 the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote. The roads leading into a
 junction that shares its id with a road are mislinked; :func:`junction_ids_apart` gives such a
-junction an id of its own, and the loader says which it renumbered. An ``<arc>`` of zero curvature
+junction an id of its own, and the loader says which it renumbered; :func:`numeric_ids` numbers
+the roads and junctions whose ids are strings (OpenDRIVE 1.5+), which the parser would merge. An ``<arc>`` of zero curvature
 gives NaN lane points (:func:`flat_arcs_as_lines` writes it as a line), and lanes of OpenDRIVE's
 ramp types are typed driving (:func:`ramp_lanes_as_driving`: the API walks driving lanes only).
 """
@@ -334,6 +335,70 @@ def junction_ids_apart(text: str) -> tuple[str, list[str]]:
     return text, [f"junction {j} -> {k}" for j, k in new.items()]
 
 
+_ROAD_ID_REFS = (  # elements whose attributes name roads (OpenDRIVE 1.4-1.8)
+    (re.compile(r"<connection\b[^>]*>"), ("incomingRoad", "connectingRoad", "linkedRoad")),
+    (re.compile(r"<priority\b[^>]*>"), ("high", "low")),
+    (re.compile(r"<crossPath\b[^>]*>"), ("crossingRoad", "roadAtStart", "roadAtEnd")),
+)
+_NEIGHBOR = re.compile(r"<neighbor\b[^>]*>")
+ID_LIMIT = 1 << 31  # road and junction ids the loader keeps: decimal integers below this
+
+
+def _plain_id(x: str | None) -> bool:
+    return x is not None and x.isascii() and x.isdigit() and str(int(x)) == x and int(x) < ID_LIMIT
+
+
+def numeric_ids(text: str) -> tuple[str, list[str]]:
+    """``(text, renumbered)``: ``text`` with every road and junction whose id is not a plain
+    decimal integer (OpenDRIVE 1.5+ allows any string: esmini's ``fabriksgatan_mixed_id_types``
+    names a road "Kalle" and a junction "Junction4"; "007", ids of 2**31 or more) given a number
+    above every plain one, and one description per renumbered id (``road 'Kalle' -> 17``).
+
+    carla 0.9.16 reads road and junction ids as unsigned numbers: on that file it kept 12 of 16
+    roads (the named ones landed on the same number and overwrote each other) and 16 of 27
+    topology links, without a word. Every reference is rewritten with the id: a road's ``id``
+    and ``junction``, road links (by ``elementType``), a junction's ``id``, its connections'
+    ``incomingRoad`` / ``connectingRoad`` / ``linkedRoad``, ``<priority>``, ``<crossPath>``,
+    ``<neighbor>`` and junction groups' references. Signal, object and controller ids are
+    strings to the parser and stay. A text whose ids are all plain is returned unchanged."""
+    roads = [_attrs(m.group(0)).get("id") for m in _ROAD.finditer(text)]
+    jids = [_attrs(m.group(0)).get("id") for m in _JUNCTION.finditer(text)]
+    bad_roads = [r for r in dict.fromkeys(roads) if r is not None and not _plain_id(r)]
+    bad_jids = [j for j in dict.fromkeys(jids) if j is not None and not _plain_id(j)]
+    if not bad_roads and not bad_jids:
+        return text, []
+    top = max((int(x) for x in roads + jids if _plain_id(x)), default=-1) + 1
+    road_new = {r: str(top + k) for k, r in enumerate(bad_roads)}
+    top += len(bad_roads)
+    junction_new = {j: str(top + k) for k, j in enumerate(bad_jids)}
+
+    def swap(fields):  # fields: ((attribute, {old: new}), ...)
+        def repl(m: re.Match) -> str:
+            tag, a = m.group(0), _attrs(m.group(0))
+            for attr, table in fields:
+                if a.get(attr) in table:
+                    tag = _set_attr(tag, attr, table[a[attr]])
+            return tag
+        return repl
+
+    def link(m: re.Match) -> str:
+        a = _attrs(m.group(0))
+        table = junction_new if a.get("elementType") == "junction" else road_new
+        if "elementId" in a and a["elementId"] in table:
+            return _set_attr(m.group(0), "elementId", table[a["elementId"]])
+        return m.group(0)
+
+    text = _ROAD.sub(swap((("id", road_new), ("junction", junction_new))), text)
+    text = _JUNCTION.sub(swap((("id", junction_new),)), text)
+    text = _ROAD_LINK.sub(link, text)
+    text = _NEIGHBOR.sub(swap((("elementId", road_new),)), text)
+    text = _JUNCTION_REF.sub(swap((("junction", junction_new),)), text)
+    for pattern, attrs in _ROAD_ID_REFS:
+        text = pattern.sub(swap(tuple((a, road_new) for a in attrs)), text)
+    return text, ([f"road {r!r} -> {n}" for r, n in road_new.items()]
+                  + [f"junction {j!r} -> {n}" for j, n in junction_new.items()])
+
+
 def parse_carla_map(text: str, name: str, source: str):
     """``carla.Map(name, text)`` with the parser's exceptions as a MapError naming ``source``."""
     carla = _import_carla()
@@ -414,6 +479,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     text, arcs = constant_spirals_as_arcs(text)
     text, lines = flat_arcs_as_lines(text)
     text = ramp_lanes_as_driving(text)
+    text, ids = numeric_ids(text)
     text, direct = direct_junctions_as_links(text)
     text, junctions = junction_ids_apart(text)
     sample = build_kw.pop("sample", 0.5)
@@ -445,7 +511,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     if validate:
         warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
                     lines=lines, junctions=junctions, nowhere=nowhere, joined=joined,
-                    merged=merged, direct=direct)
+                    merged=merged, direct=direct, ids=ids)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 
