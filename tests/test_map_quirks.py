@@ -245,3 +245,70 @@ def test_only_direct_junctions_and_the_links_to_them_are_taken_out_of_the_text()
     assert out == text.replace('<successor elementType="junction" elementId="2"/>', "").replace(
         text[text.index('<junction id="2"'):text.index('<junction id="5"')], "")
     assert direct_junctions_as_links(out) == (out, [])  # nothing direct left: unchanged
+
+
+def _border_road(right_sign: float, lane_offset: str = "") -> str:
+    """A 100 m road: lane 1 by borders (3 m, widening to 4 m from s=50), lanes -1 and -2 by
+    borders at t = -3.5 and -6.5 (``right_sign`` -1: signed t, as OpenDRIVE writes them; +1:
+    distances, as CommonRoad's converter writes them), a sidewalk -3 by its width."""
+    def border(s, a, b=0.0):
+        return f'<border sOffset="{s}" a="{a}" b="{b}" c="0" d="0"/>'
+
+    def lane(i, records, kind="driving"):
+        return f'<lane id="{i}" type="{kind}" level="false"><link/>{records}</lane>'
+
+    left = lane(1, border(0, 3.0) + border(50, 3.0, 0.02))
+    right = (lane(-1, border(0, -right_sign * -3.5)) + lane(-2, border(0, -right_sign * -6.5))
+             + lane(-3, '<width sOffset="0" a="2.0" b="0" c="0" d="0"/>', "sidewalk"))
+    return (HEAD + f'<road name="r" length="100" id="1" junction="-1"><link/><planView>'
+            f'<geometry s="0" x="0" y="0" hdg="0" length="100"><line/></geometry></planView>'
+            f'<lanes>{lane_offset}<laneSection s="0"><left>{left}</left><center>'
+            f'<lane id="0" type="none" level="false"/></center><right>{right}</right>'
+            f'</laneSection></lanes></road></OpenDRIVE>')
+
+
+def _widths(text, at=(10.0, 80.0)):
+    import carla
+
+    cmap = carla.Map("b", text)
+    out = {}
+    for lane in (1, -1, -2, -3):
+        for s in at:
+            w = cmap.get_waypoint_xodr(1, lane, s)
+            out[lane, s] = round(w.lane_width, 6) if w is not None else None
+    return out
+
+
+def test_lanes_given_by_their_borders_get_the_widths_those_borders_make():
+    """OpenDRIVE may give a lane's outer border (its t from the reference line) instead of its
+    width; carla 0.9.16 keeps border records and reads such a lane as 0 m wide (CommonRoad's
+    poly3_and_border_record: no lane to spawn on). The loader writes the widths they make."""
+    from drivemind.maps.opendrive import lane_borders_as_widths
+
+    text = _border_road(-1.0)
+    raw = _widths(text)
+    assert all(raw[1, s] in (0.0, None) and raw[-1, s] in (0.0, None) for s in (10.0, 80.0)), raw
+    fixed, rewritten = lane_borders_as_widths(text)
+    assert rewritten == ["road 1: lanes 1, -1, -2"] and "<border" not in fixed
+    want = {(1, 10.0): 3.0, (1, 80.0): 3.6, (-1, 10.0): 3.5, (-1, 80.0): 3.5,
+            (-2, 10.0): 3.0, (-2, 80.0): 3.0, (-3, 10.0): 2.0, (-3, 80.0): 2.0}
+    assert _widths(fixed) == pytest.approx(want)
+    # distances to the right instead of signed t: the same widths
+    assert _widths(lane_borders_as_widths(_border_road(1.0))[0]) == pytest.approx(want)
+    # a lane offset moves the centre lane: the borders stay where they are, lanes 1 / -1 change
+    shifted = _border_road(-1.0, '<laneOffset s="0" a="0.5" b="0" c="0" d="0"/>')
+    got = _widths(lane_borders_as_widths(shifted)[0])
+    assert got == pytest.approx({**want, (1, 10.0): 2.5, (1, 80.0): 3.1, (-1, 10.0): 4.0,
+                                 (-1, 80.0): 4.0})
+    # loaded: the road has lanes to drive on, and a MapWarning says what was rewritten
+    rm, msgs = _load(text, "borders")
+    assert len(rm.keys) == 3 and min(rm.width) > 2.9
+    assert [m for m in msgs if "borders" in m] == [
+        "borders (borders.xodr): 1 roads whose lanes are given by their borders (<border>, which "
+        "the CARLA parser reads as width 0), read as widths: road 1: lanes 1, -1, -2"]
+    # widths win over borders (OpenDRIVE), and a text without borders is unchanged
+    both = text.replace('<link/><border sOffset="0" a="3.0"',
+                        '<link/><width sOffset="0" a="2.5" b="0" c="0" d="0"/><border sOffset="0" a="3.0"')
+    assert both != text and "road 1: lanes -1, -2" in lane_borders_as_widths(both)[1][0]
+    plain = _road([_section(0, [_lane(-1)])])
+    assert lane_borders_as_widths(plain) == (plain, [])

@@ -502,10 +502,10 @@ def test_roads_and_junctions_named_by_strings_are_numbered_and_keep_their_links(
         rm = load_xodr_text(named, "named", source="named.xodr", native_check=False)
     assert _way_on(rm, 0) == [2] and _way_on(rm, 2) == [1]
     msgs = [str(w.message) for w in caught if issubclass(w.category, MapWarning)]
-    assert msgs == ["named (named.xodr): 4 roads and junctions whose ids are not numbers, "
-                    "renumbered (the CARLA parser reads ids as numbers: such roads would land on "
-                    "one number and overwrite each other): road 'Kalle' -> 0; road '007' -> 1; "
-                    "road 'ConnectingRoad9' -> 2; junction 'Junction4' -> 3"]
+    assert msgs == ["named (named.xodr): 4 roads and junctions whose ids are not plain numbers "
+                    "below 2^31, renumbered (the CARLA parser reads ids as numbers: roads named by "
+                    "strings land on one number and overwrite each other): road 'Kalle' -> 0; "
+                    "road '007' -> 1; road 'ConnectingRoad9' -> 2; junction 'Junction4' -> 3"]
     # plain ids: the text unchanged; a string id beside plain ones gets a number above them all
     assert numeric_ids(_two_roads_and_a_junction("9")) == (_two_roads_and_a_junction("9"), [])
     text, renumbered = numeric_ids(_two_roads_and_a_junction("9", roads=("1", "4294967295", "3")))

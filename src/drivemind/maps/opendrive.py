@@ -20,7 +20,9 @@ back to where the file puts the next piece; :func:`constant_spirals_as_arcs` wri
 the ``<arc>`` (or ``<line>``) it is, and the loader says which roads it rewrote. The roads leading into a
 junction that shares its id with a road are mislinked; :func:`junction_ids_apart` gives such a
 junction an id of its own, and the loader says which it renumbered; :func:`numeric_ids` numbers
-the roads and junctions whose ids are strings (OpenDRIVE 1.5+), which the parser would merge. An ``<arc>`` of zero curvature
+the roads and junctions whose ids are strings (OpenDRIVE 1.5+), which the parser would merge, and
+:func:`lane_borders_as_widths` gives lanes described by ``<border>`` records (read as 0 m wide)
+their widths. An ``<arc>`` of zero curvature
 gives NaN lane points (:func:`flat_arcs_as_lines` writes it as a line), and lanes of OpenDRIVE's
 ramp types are typed driving (:func:`ramp_lanes_as_driving`: the API walks driving lanes only).
 """
@@ -154,6 +156,141 @@ def ramp_lanes_as_driving(text: str) -> str:
     lane an ``offRamp``) read as no lane at all. CARLA's towns type every such lane ``driving``;
     a text without ramp lanes is returned unchanged."""
     return _RAMP_LANE.sub(lambda m: f"{m.group(1)}{m.group(2)}driving{m.group(2)}", text)
+
+
+_LANE_SECTION = re.compile(r"<laneSection\b[^>]*>.*?</laneSection\s*>", re.S)
+_SIDE = re.compile(r"<(left|right)\b[^>]*>(.*?)</\1\s*>", re.S)
+_LANE_ELEMENT = re.compile(r"<lane\b[^>]*?(?:/>|>.*?</lane\s*>)", re.S)
+_BORDER = re.compile(r"<border\b[^>]*?(?:/>|>\s*</border\s*>)\s*", re.S)
+_WIDTH = re.compile(r"<width\b[^>]*>")
+_LANE_OFFSET = re.compile(r"<laneOffset\b[^>]*>")
+_LANES_BLOCK = re.compile(r"<lanes\b[^>]*>.*?</lanes\s*>", re.S)
+
+
+def _cubic_pieces(tags, start: float = 0.0) -> list[tuple[float, tuple[float, ...]]]:
+    """[(s, (a, b, c, d))] from ``<width>``/``<border>``/``<laneOffset>`` tags: each record's
+    start (``sOffset`` or ``s``, less ``start``) and coefficients, sorted by start."""
+    out = []
+    for tag in tags:
+        a = _attrs(tag)
+        s0 = float(a.get("sOffset", a.get("s", "0"))) - start
+        out.append((s0, tuple(float(a.get(k, "0")) for k in "abcd")))
+    return sorted(out, key=lambda p: p[0])
+
+
+def _piece_at(pieces, s: float) -> tuple[float, ...]:
+    """The cubic of ``pieces`` that holds at ``s``, re-expanded about ``s`` (before the first
+    piece: the first, extrapolated; no pieces: 0)."""
+    if not pieces:
+        return (0.0, 0.0, 0.0, 0.0)
+    k = max(bisect.bisect_right([p[0] for p in pieces], s + 1e-9) - 1, 0)
+    s0, (a, b, c, d) = pieces[k]
+    h = s - s0
+    return (a + h * (b + h * (c + h * d)), b + h * (2 * c + 3 * d * h), c + 3 * d * h, d)
+
+
+def _difference(outer, inner) -> list[tuple[float, tuple[float, ...]]]:
+    """Piecewise cubic ``outer - inner``, a piece at each start of either."""
+    starts = sorted({0.0, *(p[0] for p in outer), *(p[0] for p in inner)})
+    starts = [x for x in starts if x >= 0.0]
+    return [(x, tuple(o - i for o, i in zip(_piece_at(outer, x), _piece_at(inner, x))))
+            for x in starts]
+
+
+def _sum(a, b) -> list[tuple[float, tuple[float, ...]]]:
+    """Piecewise cubic ``a + b``, a piece at each start of either."""
+    starts = [x for x in sorted({0.0, *(p[0] for p in a), *(p[0] for p in b)}) if x >= 0.0]
+    return [(x, tuple(u + v for u, v in zip(_piece_at(a, x), _piece_at(b, x)))) for x in starts]
+
+
+def lane_borders_as_widths(text: str) -> tuple[str, list[str]]:
+    """``(text, rewritten)``: ``text`` with every lane given by ``<border>`` records (its outer
+    border's t-coordinate from the reference line, a cubic in s, as OpenDRIVE allows instead of
+    ``<width>``) given the ``<width>`` records of the same lane, and one description per
+    rewritten road ("road 7: lanes 1, -1").
+
+    carla 0.9.16 stores border records and does not read them: such a lane has width 0, so the
+    road has no lane to drive or spawn on (CommonRoad's ``poly3_and_border_record``: "its widest
+    lane is 0.00 m wide"). A lane's width is its border less the outer border of the lane inside
+    it (the centre lane's line, the road's ``<laneOffset>``, for lanes 1 and -1), on the left
+    ``outer - inner`` and on the right ``inner - outer``, as piecewise cubics with a piece where
+    either starts. A right lane whose borders all lie left of the reference line is read as
+    giving distances to the right (CommonRoad's converter writes them so). A lane with
+    ``<width>`` records keeps them (OpenDRIVE: widths win over borders); a text without border
+    records is returned unchanged."""
+    if "<border" not in text:
+        return text, []
+    rewritten: list[str] = []
+    last_before = _tags_before(text)
+
+    def lanes_block(m: re.Match) -> str:
+        block = m.group(0)
+        if "<border" not in block:
+            return block
+        road = last_before(_ROAD, m.start()).get("id", "?")
+        offsets = _cubic_pieces(t.group(0) for t in _LANE_OFFSET.finditer(block))
+        changed: list[str] = []
+
+        def section(sm: re.Match) -> str:
+            sec = sm.group(0)
+            if "<border" not in sec:
+                return sec
+            s_sec = float(_attrs(sec[:sec.index(">") + 1]).get("s", "0"))
+            centre = [(s0 - s_sec, c) for s0, c in offsets]  # the centre lane's t, from s_sec
+
+            def side(xm: re.Match) -> str:
+                right = xm.group(1) == "right"
+                lanes = []
+                for lm in _LANE_ELEMENT.finditer(xm.group(2)):
+                    head = lm.group(0)[:lm.group(0).index(">") + 1]
+                    try:
+                        lid = int(_attrs(head).get("id", ""))
+                    except ValueError:
+                        return xm.group(0)  # malformed: left to the parser
+                    lanes.append((abs(lid), lid, lm))
+                inner_t = centre  # the t of the border inside the next lane out
+                new_body = {}
+                for _, lid, lm in sorted(lanes, key=lambda x: x[0]):
+                    el = lm.group(0)
+                    widths = _cubic_pieces(t.group(0) for t in _WIDTH.finditer(el))
+                    borders = _cubic_pieces(t.group(0)[:t.group(0).index(">") + 1]
+                                            for t in _BORDER.finditer(el))
+                    if widths or not borders:
+                        w = widths
+                        inner_t = _difference(inner_t, w) if right else _sum(inner_t, w)
+                        continue
+                    if right and all(c[0] > 0.0 for _, c in borders) and \
+                            all(_piece_at(inner_t, x)[0] <= 1e-9 for x, _ in borders):
+                        borders = [(x, tuple(-v for v in c)) for x, c in borders]
+                    w = _difference(inner_t, borders) if right else _difference(borders, inner_t)
+                    records = "".join(
+                        f'<width sOffset="{x!r}" a="{c[0]!r}" b="{c[1]!r}" c="{c[2]!r}" '
+                        f'd="{c[3]!r}"/>' for x, c in w)
+                    first = _BORDER.search(el)
+                    body = _BORDER.sub("", el[:first.start()] + "\0" + el[first.start():])
+                    new_body[lm.start()] = (lm.end(), body.replace("\0", records, 1))
+                    changed.append(str(lid))
+                    inner_t = borders
+                if not new_body:
+                    return xm.group(0)
+                out, at = [], 0
+                inner = xm.group(2)
+                for start, (end, body) in sorted(new_body.items()):
+                    out.append(inner[at:start])
+                    out.append(body)
+                    at = end
+                out.append(inner[at:])
+                whole = xm.group(0)
+                return whole[:xm.start(2) - xm.start(0)] + "".join(out) + whole[xm.end(2) - xm.start(0):]
+
+            return _SIDE.sub(side, sec)
+
+        block = _LANE_SECTION.sub(section, block)
+        if changed:
+            rewritten.append(f"road {road}: lanes {', '.join(dict.fromkeys(changed))}")
+        return block
+
+    return _LANES_BLOCK.sub(lanes_block, text), rewritten
 
 
 def flat_arcs_as_lines(text: str) -> tuple[str, list[str]]:
@@ -479,7 +616,8 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     text, arcs = constant_spirals_as_arcs(text)
     text, lines = flat_arcs_as_lines(text)
     text = ramp_lanes_as_driving(text)
-    text, ids = numeric_ids(text)
+    text, ids = numeric_ids(text)  # first: the warnings below name the new numbers
+    text, borders = lane_borders_as_widths(text)
     text, direct = direct_junctions_as_links(text)
     text, junctions = junction_ids_apart(text)
     sample = build_kw.pop("sample", 0.5)
@@ -511,7 +649,7 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     if validate:
         warn_issues(records, text, f"{name} ({source})", short=short, dropped=dropped, arcs=arcs,
                     lines=lines, junctions=junctions, nowhere=nowhere, joined=joined,
-                    merged=merged, direct=direct, ids=ids)
+                    merged=merged, direct=direct, ids=ids, borders=borders)
     return build_roadmap(name, records, landmarks=landmarks, source=source, **build_kw)
 
 

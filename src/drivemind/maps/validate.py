@@ -152,7 +152,8 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None, joined: list[str] | None = None,
                 merged: list[tuple] | None = None,
-                direct: list[str] | None = None, ids: list[str] | None = None) -> dict[str, list[str]]:
+                direct: list[str] | None = None, ids: list[str] | None = None,
+                borders: list[str] | None = None) -> dict[str, list[str]]:
     """Defects of a network: ``{kind: [description naming ids, ...]}`` for the kinds
     "dangling road links", "dangling junction connections", "zero-length lanes", "dangling lane
     successors", "successors that start away from the lane's end" (over 1 m), "successor links
@@ -169,7 +170,9 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
     lanes" (``direct``, from :func:`drivemind.maps.opendrive.link_direct_connections`),
     "junctions sharing an id with a road, renumbered" (``junctions``, from
     :func:`drivemind.maps.opendrive.junction_ids_apart`), "roads and junctions whose ids are not
-    numbers, renumbered" (``ids``, from :func:`drivemind.maps.opendrive.numeric_ids`),
+    plain numbers below 2^31, renumbered" (``ids``, from :func:`drivemind.maps.opendrive.numeric_ids`), "lanes
+    given by their borders, read as widths" (``borders``, from
+    :func:`drivemind.maps.opendrive.lane_borders_as_widths`),
     "lanes whose centre line jumps or turns back" (:func:`broken_centre_line`), lanes whose centre
     line kinks (:func:`kinked_centre_line`) and "junctions without connecting lanes" (only kinds
     with findings).
@@ -201,10 +204,13 @@ def find_issues(records, text: str | None = None, short: dict | None = None,
              "lines, and the lanes after them jump back)", arcs),
             ("arcs of zero curvature read as lines (the CARLA parser divides by the curvature: "
              "their lanes have no position)", lines),
-            ("roads and junctions whose ids are not numbers, renumbered (the CARLA parser reads "
-             "ids as numbers: such roads would land on one number and overwrite each other)", ids),
+            ("roads and junctions whose ids are not plain numbers below 2^31, renumbered (the CARLA "
+             "parser reads ids as numbers: roads named by strings land on one number and "
+             "overwrite each other)", ids),
             ("junctions sharing an id with a road, renumbered (the CARLA parser mislinks the "
              "roads leading into such a junction)", junctions),
+            ("roads whose lanes are given by their borders (<border>, which the CARLA parser "
+             "reads as width 0), read as widths", borders),
             ("lanes with points the parser puts nowhere (NaN: a broken geometry record), those "
              "points left out", nowhere),
             ("road ends under a junction's lanes joined to that junction (its lanes ran over "
@@ -666,10 +672,11 @@ def warn_issues(records, text: str | None, where: str, short: dict | None = None
                 junctions: list[str] | None = None, lines: list[str] | None = None,
                 nowhere: list[str] | None = None, joined: list[str] | None = None,
                 merged: list[tuple] | None = None,
-                direct: list[str] | None = None, ids: list[str] | None = None) -> dict[str, list[str]]:
+                direct: list[str] | None = None, ids: list[str] | None = None,
+                borders: list[str] | None = None) -> dict[str, list[str]]:
     """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
     issues = find_issues(records, text, short, dropped, arcs, junctions, lines, nowhere,
-                         joined, merged, direct, ids)
+                         joined, merged, direct, ids, borders)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)
