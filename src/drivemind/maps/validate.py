@@ -667,16 +667,10 @@ def _has_driving(root, connections) -> bool:
     return False
 
 
-def warn_issues(records, text: str | None, where: str, short: dict | None = None,
-                dropped: list[tuple] | None = None, arcs: list[str] | None = None,
-                junctions: list[str] | None = None, lines: list[str] | None = None,
-                nowhere: list[str] | None = None, joined: list[str] | None = None,
-                merged: list[tuple] | None = None,
-                direct: list[str] | None = None, ids: list[str] | None = None,
-                borders: list[str] | None = None) -> dict[str, list[str]]:
-    """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all."""
-    issues = find_issues(records, text, short, dropped, arcs, junctions, lines, nowhere,
-                         joined, merged, direct, ids, borders)
+def warn_issues(records, text: str | None, where: str, **repairs) -> dict[str, list[str]]:
+    """Emit one :class:`MapWarning` per kind of defect (naming up to 8 ids); return them all.
+    ``repairs``: what the loader repaired or left out, :func:`find_issues`' keyword arguments."""
+    issues = find_issues(records, text, **repairs)
     for kind, items in issues.items():
         msg = f"{where}: {len(items)} {kind}: {_named(items)}"
         warnings.warn(msg, MapWarning, stacklevel=3)
