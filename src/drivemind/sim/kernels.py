@@ -1573,6 +1573,18 @@ def lane_changes(dt, offset, ds, length, pts, yaw, junction, succ, choose, left,
     return changes
 
 
+@nb.njit(cache=True, inline="always")
+def _turn_round(w, a, b, anode, bnode):
+    """Walker ``w`` crosses back: its crossing's ends ``a`` / ``b`` and their nodes swap."""
+    for k in range(2):
+        tmp = a[w, k]
+        a[w, k] = b[w, k]
+        b[w, k] = tmp
+    tn = anode[w]
+    anode[w] = bnode[w]
+    bnode[w] = tn
+
+
 @nb.njit(cache=True)
 def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen, pk, speed, veh_xy,
                  veh_v, veh_yaw, veh_ext, clear_time, clear_dist, wait_lo, wait_hi, rnd, roam):
@@ -1636,14 +1648,7 @@ def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen,
                     state[w] = 3
                     timer[w] = 0.0
                     continue
-                # turn round: next crossing goes back
-                for k in range(2):
-                    tmp = a[w, k]
-                    a[w, k] = b[w, k]
-                    b[w, k] = tmp
-                tn = anode[w]
-                anode[w] = bnode[w]
-                bnode[w] = tn
+                _turn_round(w, a, b, anode, bnode)  # the next crossing goes back
                 state[w] = 0
                 timer[w] = wait_lo + (wait_hi - wait_lo) * rnd[w]
             else:
@@ -1671,13 +1676,7 @@ def walkers_step(dt, pos, heading, state, timer, a, b, anode, bnode, path, plen,
                 else:
                     timer[w] += dt
                     if timer[w] > WALKER_GIVE_UP:  # back where it came from
-                        for k in range(2):
-                            tmp = a[w, k]
-                            a[w, k] = b[w, k]
-                            b[w, k] = tmp
-                        tn = anode[w]
-                        anode[w] = bnode[w]
-                        bnode[w] = tn
+                        _turn_round(w, a, b, anode, bnode)
                         timer[w] = 0.0
     arrived = 0
     for w in range(pos.shape[0]):
