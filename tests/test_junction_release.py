@@ -36,7 +36,7 @@ OLD = dict(junction_release="connector", overtake="never", max_green=None, walke
            diverging_follow="lane", junction_exit="lane", wait_cycle_break="first",
            lane_change_place="scale", detector_reach="lane",
            junction_chain="none", lane_change_follower="lane", merge_yield="none",
-           overtake_solid="never")
+           overtake_solid="never", speed_limits="uniform")
 
 
 def _record(town, density, seed, **traffic):

@@ -312,3 +312,74 @@ def test_lanes_given_by_their_borders_get_the_widths_those_borders_make():
     assert both != text and "road 1: lanes -1, -2" in lane_borders_as_widths(both)[1][0]
     plain = _road([_section(0, [_lane(-1)])])
     assert lane_borders_as_widths(plain) == (plain, [])
+
+
+def _speed_road(rid, x, speeds, types, sections=((0, 300),)):
+    """A road of two lanes along y=0 from ``x``: ``types`` its road type speed records
+    [(s, '<speed .../>')], ``speeds`` {lane id: '<speed .../>'} lane records (every section)."""
+    def lane(i):
+        return (f'<lane id="{i}" type="driving" level="false"><link/>'
+                f'<width sOffset="0" a="3.5" b="0" c="0" d="0"/>{speeds.get(i, "")}</lane>')
+
+    length = sections[-1][1]
+    secs = "".join(f'<laneSection s="{a}"><left>{lane(1)}</left><center><lane id="0" type="none" '
+                   f'level="false"/></center><right>{lane(-1)}</right></laneSection>'
+                   for a, _ in sections)
+    typ = "".join(f'<type s="{s}" type="town">{sp}</type>' for s, sp in types)
+    return (f'<road name="r" length="{length}" id="{rid}" junction="-1"><link/>{typ}<planView>'
+            f'<geometry s="0" x="{x}" y="{rid * 50}" hdg="0" length="{length}"><line/></geometry>'
+            f'</planView><lanes>{secs}</lanes></road>')
+
+
+def test_a_lanes_opendrive_speed_is_its_limit_where_the_traffic_is_told_to_read_it():
+    """OpenDRIVE gives speeds per road type (<type><speed>) and per lane (<lane><speed>), in m/s,
+    km/h or mph. The map keeps each lane's (the lane's own, else the lowest road type speed over
+    its section); the traffic drives at them with speed_limits=map, at speed_limit_kmh (30)
+    everywhere by default (CARLA's towns carry RoadRunner's default speeds, not CARLA's)."""
+    import dataclasses
+
+    from drivemind.maps.opendrive import opendrive_speeds
+    from drivemind.sim import SimConfig, TrafficParams
+    from drivemind.sim.tables import traffic_tables
+
+    text = HEAD + "".join([
+        # road 1: 80 km/h, lowered to 50 km/h from s=200 (its second section spans the change)
+        _speed_road(1, 0, {}, [(0, '<speed max="80" unit="km/h"/>'), (200, '<speed max="50" unit="km/h"/>')],
+                    sections=((0, 150), (150, 300))),
+        # road 2: 25 mph, its lane -1 posted 10 (m/s: no unit)
+        _speed_road(2, 0, {-1: '<speed sOffset="0" max="10"/>'}, [(0, '<speed max="25" unit="mph"/>')]),
+        # road 3: no speed; road 4: "no limit" (130 km/h) and an unknown unit on lane 1 (ignored)
+        _speed_road(3, 0, {}, []),
+        _speed_road(4, 0, {1: '<speed sOffset="0" max="9" unit="knots"/>'}, [(0, '<speed max="no limit"/>')]),
+    ]) + "</OpenDRIVE>"
+    mps = opendrive_speeds(text)
+    kmh = {k: round(v * 3.6, 2) for k, v in mps.items()}
+    assert kmh == {(1, 0, 1): 80.0, (1, 0, -1): 80.0, (1, 1, 1): 50.0, (1, 1, -1): 50.0,
+                   (2, 0, 1): 40.23, (2, 0, -1): 36.0, (4, 0, 1): 130.0, (4, 0, -1): 130.0}
+    rm, _ = _load(text, "speeds")
+    got = {k: round(float(v) * 3.6, 2) for k, v in zip(rm.keys, rm.speed_limit) if np.isfinite(v)}
+    assert got == kmh and sum(np.isnan(rm.speed_limit)) == 2  # road 3's lanes
+    uniform = traffic_tables(rm, TrafficParams())["vmax"]
+    assert np.allclose(uniform, 30.0 / 3.6)  # straight lanes: no curve limit
+    own = traffic_tables(rm, TrafficParams(speed_limits="map"))["vmax"]
+    want = [mps.get(k, 30.0 / 3.6) for k in rm.keys]
+    assert np.allclose(own, want)
+    with pytest.raises(ValueError, match="traffic.speed_limits must be one of uniform, map; got 'file'"):
+        SimConfig(traffic=TrafficParams(speed_limits="file"))
+    # the traffic drives at them: one car on road 1's 80 km/h stretch, 20 s
+    from drivemind.sim import LiteWorld, density_config
+
+    for mode, lo, hi in (("uniform", 0.0, 34.0), ("map", 60.0, 90.0)):
+        cfg = density_config("empty", vehicles=1)
+        cfg = dataclasses.replace(cfg, traffic=dataclasses.replace(cfg.traffic, speed_limits=mode))
+        world = LiteWorld(rm, cfg)
+        world.reset(0, ego_pose=(-1000.0, -1000.0, 0.0))
+        lane = rm.key_index[1, 0, -1]
+        world.v_lane[0], world.v_s[0], world.v_v[0] = lane, 5.0, 0.0
+        world._fill_path(0)
+        top = 0.0
+        for _ in range(120):
+            world.step((0.0, -1.0))
+            if rm.keys[int(world.v_lane[0])][0] == 1:
+                top = max(top, float(world.v_v[0]) * 3.6)
+        assert lo < top < hi, (mode, top)

@@ -420,6 +420,7 @@ ADDED_AFTER_THE_STUDY_BEGAN = {
     "sim.traffic.lane_change_follower": "lane",  # docs/simulator.md, "Background traffic"
     "sim.traffic.merge_yield": "none",  # docs/simulator.md, "Background traffic"
     "sim.traffic.overtake_solid": "never",  # docs/simulator.md, "Overtaking in the oncoming lane"
+    "sim.traffic.speed_limits": "uniform",  # docs/simulator.md, "Desired speed"
 }
 
 

@@ -536,6 +536,71 @@ def numeric_ids(text: str) -> tuple[str, list[str]]:
                   + [f"junction {j!r} -> {n}" for j, n in junction_new.items()])
 
 
+SPEED_UNITS = {"m/s": 1.0, "km/h": 1.0 / 3.6, "mph": 0.44704}
+NO_LIMIT = 130.0 / 3.6  # m/s for OpenDRIVE's max="no limit" (the German autobahn's advisory speed)
+
+
+def _speed(el) -> float | None:
+    """m/s of a ``<speed max=".." unit=".."/>`` element (OpenDRIVE: m/s when no unit is given),
+    None where it gives none ("undefined", a broken number, an unknown unit)."""
+    if el is None:
+        return None
+    mx = (el.get("max") or "").strip()
+    if mx.lower() == "no limit":
+        return NO_LIMIT
+    try:
+        v = float(mx) * SPEED_UNITS[(el.get("unit") or "m/s").strip()]
+    except (ValueError, KeyError):
+        return None
+    return v if math.isfinite(v) and v > 0 else None
+
+
+def opendrive_speeds(text: str) -> dict[tuple[int, int, int], float]:
+    """``{(road, section, lane): m/s}``: each lane's speed limit as the OpenDRIVE text gives it:
+    the lowest of the lane's own ``<speed>`` records, else the lowest of its road type's
+    ``<type><speed>`` records that hold over its lane section. Lanes the file gives no speed are
+    left out (and roads whose id is not a number: :func:`numeric_ids` runs first)."""
+    if "<speed" not in text:
+        return {}
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError:
+        return {}
+    out: dict[tuple[int, int, int], float] = {}
+    for road in root.iter():
+        if road.tag.rsplit("}", 1)[-1] != "road":
+            continue
+        try:
+            rid = int(road.get("id"))
+            length = float(road.get("length", "inf"))
+        except (TypeError, ValueError):
+            continue
+        types = sorted((float(t.get("s", "0")), _speed(next((c for c in t if c.tag.rsplit("}", 1)[-1] == "speed"), None)))
+                       for t in road if t.tag.rsplit("}", 1)[-1] == "type")
+        sections = [sec for lanes in road if lanes.tag.rsplit("}", 1)[-1] == "lanes"
+                    for sec in lanes if sec.tag.rsplit("}", 1)[-1] == "laneSection"]
+        starts = [float(sec.get("s", "0")) for sec in sections] + [length]
+        for k, sec in enumerate(sections):
+            a, b = starts[k], starts[k + 1]
+            # the type records holding over [a, b): the last starting at or before a, and any after
+            held = [v for i, (s0, v) in enumerate(types)
+                    if s0 < b and (i + 1 == len(types) or types[i + 1][0] > a)]
+            road_v = min((v for v in held if v is not None), default=None)
+            for side in sec:
+                if side.tag.rsplit("}", 1)[-1] not in ("left", "right"):
+                    continue
+                for lane in side:
+                    try:
+                        lid = int(lane.get("id"))
+                    except (TypeError, ValueError):
+                        continue
+                    own = [_speed(c) for c in lane if c.tag.rsplit("}", 1)[-1] == "speed"]
+                    v = min((x for x in own if x is not None), default=road_v)
+                    if v is not None:
+                        out[rid, k, lid] = v
+    return out
+
+
 def parse_carla_map(text: str, name: str, source: str):
     """``carla.Map(name, text)`` with the parser's exceptions as a MapError naming ``source``."""
     carla = _import_carla()
@@ -638,6 +703,9 @@ def load_xodr_text(text: str, name: str, *, source: str = "", native_check: bool
     from .validate import (drop_broken_successors, drop_points_nowhere, join_overlapped_ends,
                            merge_overlapping_junctions, warn_issues)
 
+    speeds = opendrive_speeds(text)
+    for r in records:
+        r.speed_limit = speeds.get(r.key)
     direct = link_direct_connections(records, direct) if direct else []
     nowhere = drop_points_nowhere(records)
     dropped = drop_broken_successors(records)

@@ -66,6 +66,7 @@ class LaneRecord:
     left: tuple[int, int, int] | None = None  # neighbouring driving lane keys
     right: tuple[int, int, int] | None = None
     z: np.ndarray | None = None  # (n,) height of the centre line (None: not read; checks only)
+    speed_limit: float | None = None  # m/s: the lane's OpenDRIVE speed (None: the file gives none)
 
 
 @dataclass
@@ -112,6 +113,7 @@ class RoadMap:
     key_index: dict = field(default=None)
     source: str = ""
     z: np.ndarray = field(default=None)  # (P,) height of each point (0 where the loader read none)
+    speed_limit: np.ndarray = field(default=None)  # (L,) m/s, the map's own (NaN where none)
 
     # ------------------------------------------------------------------ basic queries
     @property
@@ -278,6 +280,8 @@ def build_roadmap(name: str, lanes: list[LaneRecord], *, landmarks=(), max_ds: f
         point_lane=np.concatenate(plane), junction_ids=jids, junction_bbox=jbox,
         light_landmarks=list(landmarks), key_index=key_index, source=source,
         z=np.concatenate(zs),
+        speed_limit=np.array([np.nan if ln.speed_limit is None else float(ln.speed_limit)
+                              for ln in lanes]),
     )
     rm.bounds = np.array([all_pts[:, 0].min(), all_pts[:, 1].min(), all_pts[:, 0].max(),
                           all_pts[:, 1].max()])

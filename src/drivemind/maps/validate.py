@@ -514,7 +514,7 @@ def _join_round(records, near, reach: float, margin: float) -> list[str]:
                 key=new_key[key], points=p[jpart], width=np.asarray(r.width)[jpart],
                 mark_left=np.asarray(r.mark_left)[jpart], mark_right=np.asarray(r.mark_right)[jpart],
                 junction=j, successors=list(r.successors) if end else [key],
-                z=None if z is None else z[jpart])
+                z=None if z is None else z[jpart], speed_limit=r.speed_limit)
             r.points, r.width = p[opart], np.asarray(r.width)[opart]
             r.mark_left, r.mark_right = np.asarray(r.mark_left)[opart], np.asarray(r.mark_right)[opart]
             r.z = None if z is None else z[opart]

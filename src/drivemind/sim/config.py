@@ -30,7 +30,12 @@ class EgoParams:
 class TrafficParams:
     """Background traffic: IDM car following, junction reservations, traffic lights, walkers."""
 
-    speed_limit_kmh: float = 30.0  # CARLA towns' urban limit; caps every lane
+    speed_limit_kmh: float = 30.0  # CARLA towns' urban limit; caps every lane (speed_limits)
+    speed_limits: str = "uniform"  # uniform: every lane's limit is speed_limit_kmh (CARLA's
+    #                                Traffic Manager without speed signs; CARLA's .xodr speeds are
+    #                                RoadRunner's defaults, 40-105 km/h); map: the lane's own
+    #                                OpenDRIVE speed (its <speed> records, else its road type's),
+    #                                speed_limit_kmh where it has none (docs/simulator.md)
     lateral_accel: float = 3.0  # m/s^2: curvature speed limit sqrt(a / kappa) per lane (drivers
     #                             take urban junction turns at about 3-4 m/s^2)
     speed_offset: tuple[float, float] = (-0.1, 0.1)  # each vehicle drives at the lane's limit
@@ -206,7 +211,7 @@ STUDY_TRAFFIC = {"junction_release": "connector", "overtake": "never", "max_gree
                  "wait_cycle_break": "first", "lane_change_place": "scale",
                  "detector_reach": "lane", "junction_chain": "none",
                  "lane_change_follower": "lane", "merge_yield": "none",
-                 "overtake_solid": "never"}
+                 "overtake_solid": "never", "speed_limits": "uniform"}
 
 
 # the values of TrafficParams.ego_behind
@@ -228,6 +233,8 @@ MERGE_YIELD = ("closing", "none")
 OVERTAKE = ("oncoming", "never")
 # the values of TrafficParams.overtake_solid
 OVERTAKE_SOLID = ("slow", "never")
+# the values of TrafficParams.speed_limits
+SPEED_LIMITS = ("uniform", "map")
 # the values of TrafficParams.walker_velocity
 WALKER_VELOCITY = ("moved", "crossing")
 
@@ -292,7 +299,8 @@ class SimConfig:
                            ("junction_chain", JUNCTION_CHAIN),
                            ("lane_change_follower", LANE_CHANGE_FOLLOWER),
                            ("merge_yield", MERGE_YIELD),
-                           ("overtake_solid", OVERTAKE_SOLID)):
+                           ("overtake_solid", OVERTAKE_SOLID),
+                           ("speed_limits", SPEED_LIMITS)):
             if getattr(self.traffic, key) not in valid:
                 raise ValueError(f"traffic.{key} must be one of {', '.join(valid)}; got "
                                  f"{getattr(self.traffic, key)!r}")

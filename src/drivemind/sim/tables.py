@@ -386,9 +386,15 @@ def conflict_clear_points(rm: RoadMap, dist: float, conflict: JunctionPairs,
     return clear
 
 
-def lane_speed_limits(rm: RoadMap, limit: float, lat_accel: float) -> np.ndarray:
-    """Per lane: min(limit, sqrt(lat_accel / max curvature)), curvature over a 3 m window."""
-    out = np.full(rm.n_lanes, limit)
+def lane_speed_limits(rm: RoadMap, limit: float, lat_accel: float, from_map: bool = False) -> np.ndarray:
+    """Per lane: min(its limit, sqrt(lat_accel / max curvature)), curvature over a 3 m window.
+    Its limit: ``limit`` (m/s), or with ``from_map`` the map's own for the lane
+    (``RoadMap.speed_limit``, its OpenDRIVE speed) where it has one."""
+    base = np.full(rm.n_lanes, float(limit))
+    if from_map and rm.speed_limit is not None:
+        own = np.asarray(rm.speed_limit, float)
+        base = np.where(np.isfinite(own), own, base)
+    out = base.copy()
     for lane in range(rm.n_lanes):
         a, b = rm.offset[lane], rm.offset[lane + 1]
         yaw = np.unwrap(rm.yaw[a:b])
@@ -397,7 +403,7 @@ def lane_speed_limits(rm: RoadMap, limit: float, lat_accel: float) -> np.ndarray
             kappa = np.abs(yaw[w:] - yaw[:-w]) / (w * rm.ds[lane])
             k = float(kappa.max())
             if k > 1e-4:
-                out[lane] = min(limit, float(np.sqrt(lat_accel / k)))
+                out[lane] = min(base[lane], float(np.sqrt(lat_accel / k)))
     return np.maximum(out, 2.0)
 
 
@@ -888,15 +894,17 @@ def traffic_tables(rm: RoadMap, traffic) -> dict:
     cache = rm.__dict__.setdefault("_traffic_tables", {})
     box = traffic.junction_conflict == "boxes"
     ways = traffic.diverging_follow == "way"
+    from_map = traffic.speed_limits == "map"
     key = (traffic.conflict_distance, traffic.speed_limit_kmh, traffic.lateral_accel, traffic.signals,
-           traffic.signal_phases, box, ways)
+           traffic.signal_phases, box, ways, from_map)
     if key not in cache:
         succ = traffic_successors(rm)
         sites, at_j = crossing_sites(rm, succ)
         conflict = conflict_matrix(rm, traffic.conflict_distance, succ, box=box, ways=ways)
         cache[key] = dict(
             conflict=conflict,
-            vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel),
+            vmax=lane_speed_limits(rm, traffic.speed_limit_kmh / 3.6, traffic.lateral_accel,
+                                   from_map),
             lights=light_table(rm, traffic.signals, succ=succ, phases=traffic.signal_phases),
             sites=sites,
             site_at_junction=at_j,
