@@ -500,8 +500,9 @@ def numeric_ids(text: str) -> tuple[str, list[str]]:
     strings to the parser and stay. A text whose ids are all plain is returned unchanged."""
     roads = [_attrs(m.group(0)).get("id") for m in _ROAD.finditer(text)]
     jids = [_attrs(m.group(0)).get("id") for m in _JUNCTION.finditer(text)]
-    bad_roads = [r for r in dict.fromkeys(roads) if r is not None and not _plain_id(r)]
-    bad_jids = [j for j in dict.fromkeys(jids) if j is not None and not _plain_id(j)]
+    # (-1 means "none" in a road's junction attribute and links: never renumbered)
+    bad_roads = [r for r in dict.fromkeys(roads) if r not in (None, "-1") and not _plain_id(r)]
+    bad_jids = [j for j in dict.fromkeys(jids) if j not in (None, "-1") and not _plain_id(j)]
     if not bad_roads and not bad_jids:
         return text, []
     top = max((int(x) for x in roads + jids if _plain_id(x)), default=-1) + 1
