@@ -47,6 +47,17 @@ RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is pu
 EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it stands at the
 #                       stop line (traffic.ego_turn)
 
+SIGHT_DECEL = 3.0  # m/s^2: a vehicle sees far enough ahead to stop at this from its top speed
+SIGHT_TIME = 2.0  # s of travel added to that (reaction and the gap kept)
+SIGHT_MARGIN = 10.0  # m added to that
+
+
+def sight_distance(v: float) -> float:
+    """Metres a vehicle at ``v`` m/s looks ahead to stop comfortably (``SIGHT_DECEL``) for a
+    standing obstacle: ``v**2 / (2 SIGHT_DECEL) + SIGHT_TIME v + SIGHT_MARGIN``."""
+    return v * v / (2.0 * SIGHT_DECEL) + SIGHT_TIME * v + SIGHT_MARGIN
+
+
 # per class: half length, half width, top speed range (m/s), max accel, comfortable decel
 CLASS_PARAMS = {
     ActorClass.CAR: ((2.15, 2.45), (0.9, 1.0), (30.0, 30.0), 2.0, 3.0),
@@ -96,6 +107,12 @@ class LiteWorld:
         self._release = tp.junction_release == "crossing"
         self.clear = tab["clear"] if self._release else None  # a JunctionPairs like conflict
         self.lane_vmax = tab["vmax"]
+        # how far along its path a vehicle looks for leaders, stop lines and walkers: at least
+        # traffic.lookahead, and far enough to stop comfortably from the fastest lane's speed
+        # (traffic.speed_limits=map: 100 km/h on a motorway needs about 200 m; at 30 km/h it is
+        # under traffic.lookahead, so nothing changes there)
+        top = float(self.lane_vmax.max()) * (1.0 + max(tp.speed_offset)) if len(self.lane_vmax) else 0.0
+        self._lookahead = max(float(tp.lookahead), sight_distance(top))
         self.lights = tab["lights"]
         self._light_ids = np.arange(len(self.lights.junction_of_light), dtype=np.int64)
         self._light_ids.flags.writeable = False
@@ -699,7 +716,7 @@ class LiteWorld:
                 # queue behind waited a minute: the built-in avenue at drivevlm)
                 np.where(self.w_timer > 0.0, 0.0, self.w_speed), tp.walker_anticipate,
                 self.rng.random(n),
-                tp.idm_s0, tp.idm_T, tp.brake_max, tp.lookahead, tp.request_margin,
+                tp.idm_s0, tp.idm_T, tp.brake_max, self._lookahead, tp.request_margin,
                 self.v_xy, self.v_yaw, self.v_blocker,
                 self.clear.data if self._release else _NO_CLEAR, self._release,
                 tp.release_margin,
