@@ -47,6 +47,9 @@ RESPAWN_WALKER_GAP = 6.0  # m from every walker to a spawn point a vehicle is pu
 EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it stands at the
 #                       stop line (traffic.ego_turn)
 
+RESPAWN_STOP_MARGIN = 6.5  # m between a respawn point's and a vehicle's centres beyond that
+#                            vehicle's braking distance at traffic.brake_max (two half car lengths
+#                            and 2 m): 11.8 m at 33 km/h, inside spawn_gap (12 m)
 SIGHT_DECEL = 3.0  # m/s^2: a vehicle sees far enough ahead to stop at this from its top speed
 SIGHT_TIME = 2.0  # s of travel added to that (reaction and the gap kept)
 SIGHT_MARGIN = 10.0  # m added to that
@@ -427,9 +430,12 @@ class LiteWorld:
         free."""
         rm, gap = self.map, self.cfg.traffic.spawn_gap
         de = np.hypot(rm.spawn[:, 0] - self.ego["x"], rm.spawn[:, 1] - self.ego["y"])
-        d = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
-                     rm.spawn[:, None, 1] - self.v_xy[None, :, 1]).min(axis=1)
-        ok = d >= gap
+        dv = np.hypot(rm.spawn[:, None, 0] - self.v_xy[None, :, 0],
+                      rm.spawn[:, None, 1] - self.v_xy[None, :, 1])
+        # nor where a vehicle could not stop for it braking at its hardest (at 33 km/h that lies
+        # within spawn_gap; on faster lanes, traffic.speed_limits=map, it reaches further)
+        reach = self.v_v ** 2 / (2.0 * self.cfg.traffic.brake_max) + RESPAWN_STOP_MARGIN
+        ok = (dv.min(axis=1) >= gap) & (dv >= reach[None, :]).all(axis=1)
         if len(self.w_xy):  # nor onto a walker (one crossing there, or waiting at the kerb)
             dw = np.hypot(rm.spawn[:, None, 0] - self.w_xy[None, :, 0],
                           rm.spawn[:, None, 1] - self.w_xy[None, :, 1]).min(axis=1)
