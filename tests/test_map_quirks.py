@@ -375,10 +375,10 @@ def test_a_lanes_opendrive_speed_is_its_limit_where_the_traffic_is_told_to_read_
         world = LiteWorld(rm, cfg)
         # it looks far enough ahead to stop comfortably from the fastest lane (130 km/h here,
         # road 4), not only traffic.lookahead (60 m: enough at 30 km/h)
-        from drivemind.sim.world import sight_distance
+        from drivemind.sim.world import SIGHT_FROM, sight_distance
 
         assert world._lookahead == (60.0 if mode == "uniform" else sight_distance(130 / 3.6 * 1.1))
-        assert sight_distance(130 / 3.6 * 1.1) > 250.0 and sight_distance(30 / 3.6 * 1.1) < 60.0
+        assert sight_distance(130 / 3.6 * 1.1) > 250.0 and sight_distance(SIGHT_FROM) < 60.0
         world.reset(0, ego_pose=(-1000.0, -1000.0, 0.0))
         lane = rm.key_index[1, 0, -1]
         world.v_lane[0], world.v_s[0], world.v_v[0] = lane, 5.0, 0.0

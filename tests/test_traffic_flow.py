@@ -636,3 +636,35 @@ def test_a_walker_beyond_a_path_of_short_lane_sections_is_seen():
     # a path long enough already comes back as it is
     long_row = np.array([ix[(9, 0, -1)], -1, -1, -1, -1, -1], np.int64)
     assert K._path_reaching(long_row, succ, m[2], 0.0, 36.0, out) is long_row
+
+
+def test_no_vehicle_is_respawned_where_another_could_not_stop_for_it():
+    """A vehicle put back at a spawn point (after leaving at an open end, or stuck) is put
+    beyond every vehicle's braking distance at brake_max plus RESPAWN_STOP_MARGIN: at 72 km/h a
+    point 20 m ahead is not free (cars respawned 15-18 m ahead of cars at 55-60 km/h on esmini's
+    highway_exit with speed_limits=map, 46 contacts in 600 s); standing, it is."""
+    from drivemind.sim.world import RESPAWN_STOP_MARGIN
+
+    n = 400
+    pts = np.stack([np.linspace(0.0, 400.0, n), np.zeros(n)], 1)
+    rec = LaneRecord(key=(1, 0, -1), points=pts, width=np.full(n, 3.5),
+                     mark_left=np.zeros(n, np.uint8), mark_right=np.zeros(n, np.uint8),
+                     junction=-1, successors=[])
+    rm = build_roadmap("straight", [rec])
+    for v, near_ok in ((20.0, False), (0.0, True)):
+        world = LiteWorld(rm, SimConfig(vehicles=2, traffic=TrafficParams(signals="none")))
+        world.reset(seed=0, ego_pose=(1e5, 1e5, 0.0))
+        _place(world, 0, 0, 100.0)
+        world.v_v[0] = v
+        _place(world, 1, 0, 390.0)
+        reach = v * v / (2.0 * world.cfg.traffic.brake_max) + RESPAWN_STOP_MARGIN
+        ahead = []
+        for _ in range(60):  # the point is drawn at random among the free ones
+            k = world._respawn(1)
+            assert k is not None
+            d = float(np.hypot(*(rm.spawn[k, :2] - world.v_xy[0])))
+            assert d >= max(12.0, reach), (v, d)
+            ahead.append(float(rm.spawn_s[k]) - 100.0)
+        # 12-30 m ahead of the vehicle: free only while it stands
+        assert any(12.0 <= a < reach for a in ahead) == near_ok or reach < 12.0
+        assert any(12.0 <= a < 31.0 for a in ahead) == near_ok

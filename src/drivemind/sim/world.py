@@ -50,6 +50,8 @@ EGO_TURN_REACH = 8.0  # m from the ego's nose to its lane's end within which it 
 RESPAWN_STOP_MARGIN = 6.5  # m between a respawn point's and a vehicle's centres beyond that
 #                            vehicle's braking distance at traffic.brake_max (two half car lengths
 #                            and 2 m): 11.8 m at 33 km/h, inside spawn_gap (12 m)
+SIGHT_FROM = 9.2  # m/s: on lanes up to this fast (the default 30 km/h + 10 %) the traffic sees
+#                   traffic.lookahead ahead (60 m, beyond sight_distance there); faster, sight_distance
 SIGHT_DECEL = 3.0  # m/s^2: a vehicle sees far enough ahead to stop at this from its top speed
 SIGHT_TIME = 2.0  # s of travel added to that (reaction and the gap kept)
 SIGHT_MARGIN = 10.0  # m added to that
@@ -110,12 +112,14 @@ class LiteWorld:
         self._release = tp.junction_release == "crossing"
         self.clear = tab["clear"] if self._release else None  # a JunctionPairs like conflict
         self.lane_vmax = tab["vmax"]
-        # how far along its path a vehicle looks for leaders, stop lines and walkers: at least
-        # traffic.lookahead, and far enough to stop comfortably from the fastest lane's speed
-        # (traffic.speed_limits=map: 100 km/h on a motorway needs about 200 m; at 30 km/h it is
-        # under traffic.lookahead, so nothing changes there)
+        # how far along its path a vehicle looks for leaders, stop lines and walkers:
+        # traffic.lookahead, and where a lane is faster than SIGHT_FROM (traffic.speed_limits=map,
+        # a higher speed_limit_kmh) far enough to stop comfortably from the fastest one (100 km/h
+        # on a motorway: about 200 m)
         top = float(self.lane_vmax.max()) * (1.0 + max(tp.speed_offset)) if len(self.lane_vmax) else 0.0
-        self._lookahead = max(float(tp.lookahead), sight_distance(top))
+        self._lookahead = float(tp.lookahead)
+        if top > SIGHT_FROM:
+            self._lookahead = max(self._lookahead, sight_distance(top))
         self.lights = tab["lights"]
         self._light_ids = np.arange(len(self.lights.junction_of_light), dtype=np.int64)
         self._light_ids.flags.writeable = False
