@@ -427,7 +427,8 @@ class LiteWorld:
         return False
 
     def _respawn(self, i: int) -> int | None:
-        """Move vehicle ``i`` to a free spawn point (``spawn_gap`` from every vehicle,
+        """Move vehicle ``i`` to a free spawn point (``spawn_gap`` from every vehicle and beyond
+        its braking distance at ``brake_max`` plus ``RESPAWN_STOP_MARGIN``,
         ``RESPAWN_WALKER_GAP`` from every walker, over ``RESPAWN_EGO_GAP`` m from the ego, or
         ``RESPAWN_EGO_NEAR`` for a vehicle that has stood ``RESPAWN_NEAR_AFTER`` s where no free
         point is that far) at rest with a new path; returns the spawn point, None if none is
