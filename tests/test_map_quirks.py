@@ -312,6 +312,9 @@ def test_lanes_given_by_their_borders_get_the_widths_those_borders_make():
     assert both != text and "road 1: lanes -1, -2" in lane_borders_as_widths(both)[1][0]
     plain = _road([_section(0, [_lane(-1)])])
     assert lane_borders_as_widths(plain) == (plain, [])
+    # a record whose number does not read: that road is left to the parser (no exception here)
+    bad = text.replace('a="3.0"', 'a="three"', 1)
+    assert bad != text and lane_borders_as_widths(bad) == (bad, [])
 
 
 def _speed_road(rid, x, speeds, types, sections=((0, 300),)):

@@ -167,13 +167,13 @@ _LANE_OFFSET = re.compile(r"<laneOffset\b[^>]*>")
 _LANES_BLOCK = re.compile(r"<lanes\b[^>]*>.*?</lanes\s*>", re.S)
 
 
-def _cubic_pieces(tags, start: float = 0.0) -> list[tuple[float, tuple[float, ...]]]:
+def _cubic_pieces(tags) -> list[tuple[float, tuple[float, ...]]]:
     """[(s, (a, b, c, d))] from ``<width>``/``<border>``/``<laneOffset>`` tags: each record's
-    start (``sOffset`` or ``s``, less ``start``) and coefficients, sorted by start."""
+    start (``sOffset`` or ``s``) and coefficients, sorted by start (ValueError on a bad number)."""
     out = []
     for tag in tags:
         a = _attrs(tag)
-        s0 = float(a.get("sOffset", a.get("s", "0"))) - start
+        s0 = float(a.get("sOffset", a.get("s", "0")))
         out.append((s0, tuple(float(a.get(k, "0")) for k in "abcd")))
     return sorted(out, key=lambda p: p[0])
 
@@ -224,9 +224,15 @@ def lane_borders_as_widths(text: str) -> tuple[str, list[str]]:
     last_before = _tags_before(text)
 
     def lanes_block(m: re.Match) -> str:
+        if "<border" not in m.group(0):
+            return m.group(0)
+        try:
+            return rewrite(m)
+        except ValueError:  # a record's number unreadable: the road is left to the parser
+            return m.group(0)
+
+    def rewrite(m: re.Match) -> str:
         block = m.group(0)
-        if "<border" not in block:
-            return block
         road = last_before(_ROAD, m.start()).get("id", "?")
         offsets = _cubic_pieces(t.group(0) for t in _LANE_OFFSET.finditer(block))
         changed: list[str] = []
@@ -541,6 +547,15 @@ SPEED_UNITS = {"m/s": 1.0, "km/h": 1.0 / 3.6, "mph": 0.44704}
 NO_LIMIT = 130.0 / 3.6  # m/s for OpenDRIVE's max="no limit" (the German autobahn's advisory speed)
 
 
+def _tag(el) -> str:
+    """An element's name without its namespace ("" for a comment or processing instruction)."""
+    return el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
+
+
+def _child(el, name: str):
+    return next((c for c in el if _tag(c) == name), None)
+
+
 def _speed(el) -> float | None:
     """m/s of a ``<speed max=".." unit=".."/>`` element (OpenDRIVE: m/s when no unit is given),
     None where it gives none ("undefined", a broken number, an unknown unit)."""
@@ -569,18 +584,18 @@ def opendrive_speeds(text: str) -> dict[tuple[int, int, int], float]:
         return {}
     out: dict[tuple[int, int, int], float] = {}
     for road in root.iter():
-        if road.tag.rsplit("}", 1)[-1] != "road":
+        if _tag(road) != "road":
             continue
         try:
             rid = int(road.get("id"))
             length = float(road.get("length", "inf"))
-        except (TypeError, ValueError):
+            types = sorted((float(t.get("s", "0")), _speed(_child(t, "speed")))
+                           for t in road if _tag(t) == "type")
+            sections = [sec for lanes in road if _tag(lanes) == "lanes"
+                        for sec in lanes if _tag(sec) == "laneSection"]
+            starts = [float(sec.get("s", "0")) for sec in sections] + [length]
+        except (TypeError, ValueError):  # unreadable numbers: this road's speeds are not read
             continue
-        types = sorted((float(t.get("s", "0")), _speed(next((c for c in t if c.tag.rsplit("}", 1)[-1] == "speed"), None)))
-                       for t in road if t.tag.rsplit("}", 1)[-1] == "type")
-        sections = [sec for lanes in road if lanes.tag.rsplit("}", 1)[-1] == "lanes"
-                    for sec in lanes if sec.tag.rsplit("}", 1)[-1] == "laneSection"]
-        starts = [float(sec.get("s", "0")) for sec in sections] + [length]
         for k, sec in enumerate(sections):
             a, b = starts[k], starts[k + 1]
             # the type records holding over [a, b): the last starting at or before a, and any after
@@ -588,14 +603,14 @@ def opendrive_speeds(text: str) -> dict[tuple[int, int, int], float]:
                     if s0 < b and (i + 1 == len(types) or types[i + 1][0] > a)]
             road_v = min((v for v in held if v is not None), default=None)
             for side in sec:
-                if side.tag.rsplit("}", 1)[-1] not in ("left", "right"):
+                if _tag(side) not in ("left", "right"):
                     continue
                 for lane in side:
                     try:
                         lid = int(lane.get("id"))
                     except (TypeError, ValueError):
                         continue
-                    own = [_speed(c) for c in lane if c.tag.rsplit("}", 1)[-1] == "speed"]
+                    own = [_speed(c) for c in lane if _tag(c) == "speed"]
                     v = min((x for x in own if x is not None), default=road_v)
                     if v is not None:
                         out[rid, k, lid] = v
