@@ -70,6 +70,11 @@ def _import_carla():
     return carla
 
 
+def _tag(el) -> str:
+    """An element's name without its namespace ("" for a comment or processing instruction)."""
+    return el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
+
+
 def _check_opendrive_text(text: str, source: str) -> None:
     if not text or not text.strip():
         raise MapError(f"{source}: the file is empty, expected OpenDRIVE XML")
@@ -79,14 +84,11 @@ def _check_opendrive_text(text: str, source: str) -> None:
         raise MapError(f"{source}: not valid XML ({exc}); expected an OpenDRIVE .xodr file") from exc
     # RoadRunner writes <OpenDRIVE xmlns="http://www.opendrive.org">: the names count, not the
     # namespace (carla's parser reads such a file)
-    def local(tag):
-        return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
-
-    if local(root.tag) != "OpenDRIVE":
+    if _tag(root) != "OpenDRIVE":
         raise MapError(f"{source}: root element is <{root.tag}>, expected <OpenDRIVE>")
-    if not any(local(el.tag) == "road" for el in root):
+    if not any(_tag(el) == "road" for el in root):
         raise MapError(f"{source}: OpenDRIVE file has no <road> elements")
-    lanes = [ln for ln in root.iter() if local(ln.tag) == "lane" and ln.get("id") not in ("0", None)]
+    lanes = [ln for ln in root.iter() if _tag(ln) == "lane" and ln.get("id") not in ("0", None)]
     if lanes and all(ln.get("type") is None for ln in lanes):
         raise MapError(f"{source}: none of its {len(lanes)} lanes has a type attribute (OpenDRIVE "
                        f"requires one; the CARLA parser then reads no lane as type 'driving'): add "
@@ -545,11 +547,6 @@ def numeric_ids(text: str) -> tuple[str, list[str]]:
 
 SPEED_UNITS = {"m/s": 1.0, "km/h": 1.0 / 3.6, "mph": 0.44704}
 NO_LIMIT = 130.0 / 3.6  # m/s for OpenDRIVE's max="no limit" (the German autobahn's advisory speed)
-
-
-def _tag(el) -> str:
-    """An element's name without its namespace ("" for a comment or processing instruction)."""
-    return el.tag.rsplit("}", 1)[-1] if isinstance(el.tag, str) else ""
 
 
 def _child(el, name: str):
