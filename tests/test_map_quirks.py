@@ -351,12 +351,16 @@ def test_a_lanes_opendrive_speed_is_its_limit_where_the_traffic_is_told_to_read_
                     sections=((0, 150), (150, 300))),
         # road 2: 25 mph, its lane -1 posted 10 (m/s: no unit)
         _speed_road(2, 0, {-1: '<speed sOffset="0" max="10"/>'}, [(0, '<speed max="25" unit="mph"/>')]),
-        # road 3: no speed; road 4: "no limit" (130 km/h) and an unknown unit on lane 1 (ignored)
-        _speed_road(3, 0, {}, []),
+        # road 3: no speed (two type records at s=0 without one); road 4: "no limit" (130 km/h)
+        # and an unknown unit on lane 1 (ignored)
+        _speed_road(3, 0, {}, [(0, ""), (0, "")]),
         _speed_road(4, 0, {1: '<speed sOffset="0" max="9" unit="knots"/>'}, [(0, '<speed max="no limit"/>')]),
     ]) + "</OpenDRIVE>"
     mps = opendrive_speeds(text)
     kmh = {k: round(v * 3.6, 2) for k, v in mps.items()}
+    # two type records starting at the same s, one without a speed, do not hide the other's
+    both = _speed_road(5, 0, {}, [(0, ""), (0, '<speed max="20" unit="m/s"/>')])
+    assert opendrive_speeds(HEAD + both + "</OpenDRIVE>") == {(5, 0, 1): 20.0, (5, 0, -1): 20.0}
     assert kmh == {(1, 0, 1): 80.0, (1, 0, -1): 80.0, (1, 1, 1): 50.0, (1, 1, -1): 50.0,
                    (2, 0, 1): 40.23, (2, 0, -1): 36.0, (4, 0, 1): 130.0, (4, 0, -1): 130.0}
     rm, _ = _load(text, "speeds")

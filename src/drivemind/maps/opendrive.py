@@ -586,8 +586,8 @@ def opendrive_speeds(text: str) -> dict[tuple[int, int, int], float]:
         try:
             rid = int(road.get("id"))
             length = float(road.get("length", "inf"))
-            types = sorted((float(t.get("s", "0")), _speed(_child(t, "speed")))
-                           for t in road if _tag(t) == "type")
+            types = sorted(((float(t.get("s", "0")), _speed(_child(t, "speed")))
+                            for t in road if _tag(t) == "type"), key=lambda p: p[0])
             sections = [sec for lanes in road if _tag(lanes) == "lanes"
                         for sec in lanes if _tag(sec) == "laneSection"]
             starts = [float(sec.get("s", "0")) for sec in sections] + [length]
