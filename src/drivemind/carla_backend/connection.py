@@ -77,9 +77,9 @@ def check_versions(client_version: str, server_version: str) -> None:
 def town_opendrive(town: str) -> str | None:
     """The OpenDRIVE text we generate the world from, or None for a town the server ships
     (loaded by name). Built-in towns and .xodr paths are generated; CARLA town names are not."""
-    from ..maps.resolve import builtin_names
+    from ..maps.resolve import is_builtin
 
-    if town in builtin_names():
+    if is_builtin(town):
         from ..maps.towns import builtin_town_xodr
         return builtin_town_xodr(town)
     if town.endswith(XODR_SUFFIXES) or os.sep in town:
@@ -123,13 +123,13 @@ def put_town(api, client, town: str, cfg, map_path=None):
                              current)
                     world = client.load_world(town)
                 else:  # not shipped by the server: generate it from <town>.xodr on the map path
-                    from ..maps.resolve import builtin_names, find_town_file
+                    from ..maps.resolve import builtin_listing, find_town_file
                     path = find_town_file(town, map_path)
                     if path is None:
                         raise MapError(
                             f"the CARLA server at {cfg.address} has no town {town!r} and no "
                             f"{town}.xodr is on the map path; the server has: "
-                            f"{', '.join(available)}. Built-in towns ({', '.join(builtin_names())}) "
+                            f"{', '.join(available)}. Built-in towns ({builtin_listing()}) "
                             f"and .xodr files are generated on the server instead")
                     from ..maps.opendrive import read_xodr
                     world = _generate(api, client, read_xodr(path), town, cfg)

@@ -6,8 +6,9 @@ up as ``<name>.xodr`` in, in order, the configured search path, ``$DRIVEMIND_MAP
 (``os.pathsep``-separated), ``$CARLA_ROOT``'s OpenDRIVE folders and last the CARLA towns shipped
 with DriveMind (:data:`VENDORED_DIR`: Town01, Town02, Town03, Town05, CC-BY 4.0, see
 ``data/LICENSE-CARLA-MAPS.txt``). A file of the user's therefore always wins over the shipped copy.
-A built-in town's name (``grid``, ``curves``, ``avenue``) is always the built-in town: a file of
-that name on the search path is not read (a UserWarning names it); load it by its path.
+A built-in town's name (``grid``, ``curves``, ``avenue``, and ``random-<seed>``: a town generated
+from a seed) is always the built-in town: a file of that name on the search path is not read (a
+UserWarning names it); load it by its path.
 """
 
 from __future__ import annotations
@@ -71,9 +72,24 @@ def find_town_file(name: str, extra=None) -> Path | None:
 
 
 def builtin_names() -> list[str]:
+    """The built-in layouts' names (``random-<seed>`` towns aside: :func:`is_builtin`)."""
     from .towns import BUILTIN_TOWNS
 
     return sorted(BUILTIN_TOWNS)
+
+
+def is_builtin(town) -> bool:
+    """Whether ``town`` names a town generated in code: a built-in layout or ``random-<seed>``."""
+    from .towns import is_builtin_town
+
+    return is_builtin_town(town)
+
+
+def builtin_listing() -> str:
+    """The built-in towns as error messages list them."""
+    from .towns import RANDOM_PREFIX
+
+    return f"{', '.join(builtin_names())}, {RANDOM_PREFIX}<seed> (generated from a seed, e.g. {RANDOM_PREFIX}7)"
 
 
 def is_town_file(town: str | os.PathLike) -> bool:
@@ -86,7 +102,7 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
     """Resolve a town name or .xodr path and load it (cached per file and modification time)."""
     if not town or not str(town).strip():
         raise MapError("no town given: name a built-in town "
-                       f"({', '.join(builtin_names())}), a CARLA town such as Town02, or a .xodr path")
+                       f"({builtin_listing()}), a CARLA town such as Town02, or a .xodr path")
     town = os.fspath(town)
     kw = tuple(sorted(build_kw.items()))
     if is_town_file(town):
@@ -94,7 +110,7 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
         if not path.is_file():
             raise MapError(f"{path}: no such OpenDRIVE file")
         return _load_file_cached(str(path.resolve()), path.stat().st_mtime_ns, kw)
-    if town in builtin_names():
+    if is_builtin(town):
         shadowed = find_town_file(town, search_path)
         if shadowed is not None and shadowed.parent != VENDORED_DIR:
             # a built-in name is the built-in town: the file of that name on the search path is
@@ -107,7 +123,7 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
     if path is None:
         searched = [str(d) for d in search_dirs(search_path)] or ["(none configured)"]
         raise MapError(
-            f"unknown town {town!r}. Built-in towns: {', '.join(builtin_names())}; CARLA towns "
+            f"unknown town {town!r}. Built-in towns: {builtin_listing()}; CARLA towns "
             f"shipped with DriveMind: {', '.join(vendored_names())}. "
             f"No {town}.xodr found in: {'; '.join(searched)}. Add its folder with map_path=... "
             f"(command line), search_path= (Python) or ${ENV_VAR}, or set $CARLA_ROOT; or pass a "

@@ -34,7 +34,7 @@ import functools
 import math
 import xml.etree.ElementTree as ET
 
-__all__ = ["BUILTIN_TOWNS", "builtin_town_xodr"]
+__all__ = ["BUILTIN_TOWNS", "RANDOM_PREFIX", "builtin_town_xodr", "is_builtin_town", "random_town_seed"]
 
 BUILTIN_TOWNS: dict[str, str] = {
     "grid": (
@@ -64,20 +64,33 @@ TRAFFIC_LIGHT_TYPE = "1000001"
 _CURVATURE_EPS = 1e-6
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=64)
 def builtin_town_xodr(name: str) -> str:
-    """Return the OpenDRIVE XML text of the built-in town ``name``.
+    """Return the OpenDRIVE XML text of the built-in town ``name``: one of :data:`BUILTIN_TOWNS`,
+    or a town generated from a seed, ``random-<seed>`` (:func:`_layout_random`).
 
     The text is deterministic (the same string on every call, in every process) and cached per
-    name. Raises ``ValueError`` listing the valid names when ``name`` is not a built-in town.
+    name. Raises ``ValueError`` listing the valid names when ``name`` is neither.
     """
-    if not isinstance(name, str) or name not in BUILTIN_TOWNS:
+    seed = random_town_seed(name)
+    if seed is None and (not isinstance(name, str) or name not in BUILTIN_TOWNS):
         raise ValueError(
-            f"unknown built-in town {name!r}; valid names are: {', '.join(BUILTIN_TOWNS)}"
+            f"unknown built-in town {name!r}; valid names are: {', '.join(BUILTIN_TOWNS)}, or "
+            f"{RANDOM_PREFIX}<seed> for a town generated from a seed (a whole number, e.g. "
+            f"{RANDOM_PREFIX}7)"
         )
     builder = _TownBuilder(name)
-    _LAYOUTS[name](builder)
+    if seed is not None:
+        builder.every_lane_moves = True
+        _layout_random(builder, seed)
+    else:
+        _LAYOUTS[name](builder)
     return builder.to_xodr()
+
+
+def is_builtin_town(name) -> bool:
+    """Whether ``name`` is a town generated in code: a built-in layout or ``random-<seed>``."""
+    return (isinstance(name, str) and name in BUILTIN_TOWNS) or random_town_seed(name) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,6 +229,9 @@ class _TownBuilder:
         self.name = name
         self.nodes: dict[int, _Node] = {}
         self.roads: list[_RoadSpec] = []
+        # generated towns: every lane into a junction has a way on and every lane out a way in
+        # (the hand-made layouts have them by construction; their text must not change)
+        self.every_lane_moves = False
 
     # ---- layout API -------------------------------------------------------------------------
     def node(self, nid: int, x: float, y: float, d: float, signalised: bool = False) -> _Node:
@@ -377,11 +393,16 @@ class _TownBuilder:
                     h_in, h_out = _wrap(h + math.pi), h
                 arms.append((spec, contact, n_in, n_out, in_sign, out_sign, h_in, h_out))
 
+            moves = {}  # (arm in, arm out) -> lane pairs
             for a_in in arms:
                 for a_out in arms:
-                    if a_in is a_out:
-                        continue
-                    for lane_in, lane_out in self._movements(a_in, a_out):
+                    if a_in is not a_out:
+                        moves[id(a_in), id(a_out)] = self._movements(a_in, a_out)
+            if self.every_lane_moves:
+                self._fill_movements(arms, moves)
+            for a_in in arms:
+                for a_out in arms:
+                    for lane_in, lane_out in moves.get((id(a_in), id(a_out)), ()):
                         jc.add_connection(a_in[0].id, a_out[0].id, lane_in, lane_out)
             if len(jc.get_connecting_roads()) >= 100:
                 raise RuntimeError(f"{self.name}: too many connecting roads at node {nid}")
@@ -420,6 +441,37 @@ class _TownBuilder:
         _adjust_roads_and_lanes(odr)
         root = odr.get_element()
         return self._finish(root, controllers)
+
+    @staticmethod
+    def _turn(a_in, a_out) -> float:
+        """The turn in degrees (left positive) from arm ``a_in`` into arm ``a_out``."""
+        return math.degrees(_wrap(a_out[7] - a_in[6]))
+
+    def _fill_movements(self, arms, moves) -> None:
+        """Give every incoming lane a way on and every outgoing lane a way in, where
+        :meth:`_movements` left one without (between roads with different lane counts at
+        angles the lattice towns never have, e.g. a two-lane road whose both ways on turn
+        right): lane k -> lane min(k, n) through the arm with the smallest turn."""
+        for a_in in arms:
+            if a_in[2] == 0:
+                continue
+            have = {abs(i) for a_out in arms if a_out is not a_in
+                    for i, _ in moves[id(a_in), id(a_out)]}
+            outs = sorted((a for a in arms if a is not a_in and a[3] > 0),
+                          key=lambda a: abs(self._turn(a_in, a)))
+            for k in range(1, a_in[2] + 1):
+                if k not in have and outs:
+                    moves[id(a_in), id(outs[0])].append((a_in[4] * k, outs[0][5] * min(k, outs[0][3])))
+        for a_out in arms:
+            if a_out[3] == 0:
+                continue
+            have = {abs(o) for a_in in arms if a_in is not a_out
+                    for _, o in moves[id(a_in), id(a_out)]}
+            ins = sorted((a for a in arms if a is not a_out and a[2] > 0),
+                         key=lambda a: abs(self._turn(a, a_out)))
+            for k in range(1, a_out[3] + 1):
+                if k not in have and ins:
+                    moves[id(ins[0]), id(a_out)].append((ins[0][4] * min(k, ins[0][2]), a_out[5] * k))
 
     @staticmethod
     def _movements(a_in, a_out):
@@ -540,3 +592,111 @@ def _layout_curves(b: _TownBuilder) -> None:
 
 
 _LAYOUTS = {"grid": _layout_grid, "curves": _layout_curves, "avenue": _layout_avenue}
+
+
+# ---- procedurally generated towns ----------------------------------------------------------
+
+
+RANDOM_PREFIX = "random-"
+
+
+def random_town_seed(name) -> int | None:
+    """The seed of a generated town's name (``random-<seed>``, seed a whole number >= 0), or
+    None when ``name`` is not such a name."""
+    if not isinstance(name, str) or not name.startswith(RANDOM_PREFIX):
+        return None
+    tail = name[len(RANDOM_PREFIX):]
+    return int(tail) if tail.isdigit() and tail.isascii() else None
+
+
+def _layout_random(b: _TownBuilder, seed: int) -> None:
+    """A town drawn from ``seed``: a jittered lattice of 3-5 x 3-5 nodes, 60-120 m apart, whose
+    lattice links are roads; some links are left out (never leaving a node with fewer than two
+    roads, or the network in pieces). Nodes with three or more roads are junctions (half of
+    them signalised); a node with two is a bend the road passes through (a clothoid through
+    the node). Each road, bends included, gets one or two lanes each way (a third of them
+    two). Junction arms point at the next node along their road, so the angles between them
+    are what the jitter makes (about 65-115 degrees). Deterministic for a seed, on any machine
+    (Python's ``random.Random``)."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(seed)
+    nx, ny = rng.randint(3, 5), rng.randint(3, 5)
+    sx, sy = rng.uniform(60.0, 120.0), rng.uniform(60.0, 120.0)
+    pos = {(i, j): (i * sx + rng.uniform(-0.15, 0.15) * sx, j * sy + rng.uniform(-0.15, 0.15) * sy)
+           for i in range(nx) for j in range(ny)}
+    edges = {frozenset(((i, j), (i + 1, j))) for i in range(nx - 1) for j in range(ny)}
+    edges |= {frozenset(((i, j), (i, j + 1))) for i in range(nx) for j in range(ny - 1)}
+
+    def neighbours(es, n):
+        return [next(iter(e - {n})) for e in es if n in e]
+
+    def connected(es):
+        start = next(iter(pos))
+        seen, todo = {start}, [start]
+        while todo:
+            for m in neighbours(es, todo.pop()):
+                if m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return len(seen) == len(pos)
+
+    def chains_of(es):
+        """Roads: from a junction arm through bends (two links) to a junction arm."""
+        deg = {n: len(neighbours(es, n)) for n in pos}
+        out, used = [], set()
+        for n in sorted(m for m in pos if deg[m] >= 3):
+            for m in sorted(neighbours(es, n)):
+                if frozenset((n, m)) in used:
+                    continue
+                chain = [n, m]
+                used.add(frozenset((n, m)))
+                while deg[chain[-1]] == 2:
+                    nxt = [k for k in neighbours(es, chain[-1]) if frozenset((chain[-1], k)) not in used]
+                    if not nxt:
+                        break
+                    used.add(frozenset((chain[-1], nxt[0])))
+                    chain.append(nxt[0])
+                out.append(chain)
+        return out
+
+    # corners have two links: they are bends. Leave out about a fifth of the other links, where
+    # every node keeps two, the network stays in one piece with three junctions or more, and no
+    # road comes back to the junction it leaves (a junction takes each road at one arm).
+    for e in sorted(edges, key=lambda e: sorted(e)):
+        if rng.random() >= 0.2:
+            continue
+        rest = edges - {e}
+        if (all(len(neighbours(rest, n)) >= 2 for n in e) and connected(rest)
+                and sum(len(neighbours(rest, n)) >= 3 for n in pos) >= 3
+                and all(c[0] != c[-1] for c in chains_of(rest))):
+            edges = rest
+    junctions = sorted(n for n in pos if len(neighbours(edges, n)) >= 3)
+    chains = chains_of(edges)
+
+    def angle(a, c):
+        return math.atan2(pos[c][1] - pos[a][1], pos[c][0] - pos[a][0])
+
+    lanes = [1 if rng.random() < 2 / 3 else 2 for _ in chains]
+    # arms of each junction: angle -> half width of its road
+    arms: dict = {n: [] for n in junctions}
+    for chain, k in zip(chains, lanes):
+        half = k * LANE_WIDTH + SIDEWALK_WIDTH
+        arms[chain[0]].append((angle(chain[0], chain[1]), half))
+        arms[chain[-1]].append((angle(chain[-1], chain[-2]), half))
+    ids = {}
+    for k, n in enumerate(junctions):
+        angs = sorted(arms[n])
+        d = 0.0
+        for (a0, w0), (a1, w1) in zip(angs, angs[1:] + angs[:1]):
+            gap = (a1 - a0) % (2 * math.pi) or 2 * math.pi
+            d = max(d, max(w0, w1) / math.tan(min(gap, math.pi * 0.999) / 2.0))
+        ids[n] = k + 1
+        b.node(k + 1, *pos[n], d=d + 6.0, signalised=rng.random() < 0.5)
+    for chain, k in zip(chains, lanes):
+        via = tuple((*pos[m], math.degrees(angle(p, q)))
+                    for p, m, q in zip(chain, chain[1:-1], chain[2:]))
+        b.road(ids[chain[0]], math.degrees(angle(chain[0], chain[1])), ids[chain[-1]],
+               math.degrees(angle(chain[-1], chain[-2])), lanes=k,
+               shape="clothoid" if via else "auto", via=via)
+
