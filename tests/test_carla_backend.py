@@ -122,6 +122,8 @@ def test_builtin_town_is_generated_from_opendrive_once(server):
     assert len(server.loads) == 1
     make(server, "grid", reload_world=True).close()
     assert len(server.loads) == 2
+    make(server, "random-3").close()  # a town generated from a seed is generated on the server too
+    assert server.loads[-1][0] == "generate" and server.world.text == builtin_town_xodr("random-3")
 
 
 @pytest.mark.parametrize("town", ["grid", "avenue"])

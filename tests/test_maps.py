@@ -127,11 +127,26 @@ def test_real_town_lane_heading_matches_travel(real_town):
     assert np.median(np.cos(step_yaw - rm.yaw[:-1][same_lane])) > 0.999
 
 
-@pytest.mark.parametrize("name", sorted(BUILTIN_TOWNS))
+@pytest.mark.parametrize("name", [*sorted(BUILTIN_TOWNS), "random-3"])
 def test_builtin_towns_load(name):
     rm = load_town(name)
     check_roadmap(rm)
     assert not name.lower().startswith("town")
+    assert rm.name == name
+
+
+def test_a_generated_town_is_not_read_from_the_search_path(tmp_path, monkeypatch):
+    """``random-<seed>`` is generated, as the built-in layouts are: a file of that name on the
+    map path is not read (a warning names it), and its own path loads it."""
+    from drivemind.maps.towns import builtin_town_xodr
+
+    (tmp_path / "random-3.xodr").write_text(builtin_town_xodr("grid"))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.warns(UserWarning, match="random-3.xodr"):
+        rm = load_town("random-3")
+    grid = load_town("grid").n_lanes
+    assert rm.n_lanes != grid  # the generated town, not the file (grid's roads)
+    assert load_town(str(tmp_path / "random-3.xodr")).n_lanes == grid
 
 
 def test_town02_nearest_lane_point():
@@ -211,8 +226,10 @@ def test_unknown_town_lists_builtins_and_searched_dirs(tmp_path, monkeypatch):
         load_town("Town99")
     msg = str(ei.value)
     assert "Town99" in msg and str(tmp_path) in msg
-    for name in [*BUILTIN_TOWNS, *SHIPPED]:
+    for name in [*BUILTIN_TOWNS, *SHIPPED, "random-<seed>"]:
         assert name in msg
+    with pytest.raises(MapError, match=r"random-<seed>"):
+        load_town("random-x")
 
 
 @pytest.mark.parametrize("content, words", [

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import hashlib
+import math
 import os
 import re
 import subprocess
@@ -21,6 +22,8 @@ pytest.importorskip("scenariogeneration")
 from drivemind.maps.towns import BUILTIN_TOWNS, builtin_town_xodr  # noqa: E402
 
 TOWNS = ["grid", "curves", "avenue"]
+# towns generated from a seed (random-<seed>): small and large, one and two lanes, bends
+GENERATED = ["random-0", "random-7", "random-17", "random-23"]
 TRAFFIC_LIGHT = "1000001"
 # number of signalised junctions each town promises in its description
 SIGNALISED_JUNCTIONS = {"grid": 4, "curves": 0, "avenue": 4}
@@ -88,14 +91,51 @@ def test_builtin_names_and_descriptions():
 
 
 def test_unknown_name_raises_value_error_listing_valid_names():
-    for bad in ("Town01", "nowhere", ""):
+    for bad in ("Town01", "nowhere", "", "random-", "random-x", "random--1", "random-1.5", "random-٣"):
         with pytest.raises(ValueError) as excinfo:
             builtin_town_xodr(bad)
         for name in TOWNS:
             assert name in str(excinfo.value)
+        assert "random-<seed>" in str(excinfo.value)
 
 
-@pytest.mark.parametrize("name", TOWNS)
+def test_generated_towns_differ_by_seed_and_vary_as_promised():
+    """Seeds give different networks, and over ten seeds the generator draws what its docstring
+    says: junctions of three and four roads at angles off 90 degrees, roads of one and of two
+    lanes each way, bends (curved roads), signalised and unsignalised junctions."""
+    texts = [builtin_town_xodr(f"random-{s}") for s in range(10)]
+    assert len(set(texts)) == 10
+    arms, lanes, curved, signalised, plain, angles = set(), set(), 0, 0, 0, []
+    for text in texts:
+        root = ET.fromstring(text)
+        roads = {r.get("id"): r for r in root.findall("road")}
+        for j in root.findall("junction"):
+            incoming = {c.get("incomingRoad") for c in j.findall("connection")}
+            arms.add(len(incoming))
+            signalised += j.find("controller") is not None
+            plain += j.find("controller") is None
+            heads = []
+            for rid in incoming:
+                road = roads[rid]
+                at_start = road.find("link/predecessor").get("elementId") == j.get("id")
+                geo = road.findall("planView/geometry")[0 if at_start else -1]
+                heads.append(float(geo.get("hdg")))
+            if len(heads) >= 3:
+                angles.append(min(abs((a - b + math.pi) % (2 * math.pi) - math.pi)
+                                  for i, a in enumerate(heads) for b in heads[i + 1:]))
+        for road in roads.values():
+            if road.get("junction") != "-1":
+                continue
+            lanes.add(len(road.findall("lanes/laneSection/right/lane")) - 1)  # less the sidewalk
+            curved += any(g.find("line") is None for g in road.findall("planView/geometry"))
+    assert arms == {3, 4}
+    assert lanes == {1, 2}
+    assert curved > 0 and signalised > 0 and plain > 0
+    # headings of a junction's roads (mod pi): not only right angles and straight lines
+    assert any(0.05 < abs(a - round(a / (math.pi / 2)) * math.pi / 2) for a in angles)
+
+
+@pytest.mark.parametrize("name", TOWNS + GENERATED[:1])
 def test_text_is_deterministic_and_cached(name):
     first = builtin_town_xodr(name)
     assert builtin_town_xodr(name) is first  # cached
@@ -108,13 +148,13 @@ def test_text_is_the_same_in_another_process():
     code = (
         "import hashlib\n"
         "from drivemind.maps.towns import builtin_town_xodr\n"
-        f"for n in {list(reversed(TOWNS))!r}:\n"
+        f"for n in {list(reversed(TOWNS + GENERATED[:2]))!r}:\n"
         "    print(n, hashlib.sha256(builtin_town_xodr(n).encode()).hexdigest())\n"
     )
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     theirs = dict(line.split() for line in out.stdout.strip().splitlines())
-    ours = {n: hashlib.sha256(builtin_town_xodr(n).encode()).hexdigest() for n in TOWNS}
+    ours = {n: hashlib.sha256(builtin_town_xodr(n).encode()).hexdigest() for n in TOWNS + GENERATED[:2]}
     assert theirs == ours
 
 
@@ -138,7 +178,7 @@ def test_generation_is_fast(name):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_parses_and_has_junctions(name):
     t = town(name)
     assert t.topology
@@ -148,7 +188,7 @@ def test_parses_and_has_junctions(name):
     assert len(t.incoming_roads) >= 4
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_every_lane_has_a_successor_and_a_predecessor(name):
     t = town(name)
     for start, end in t.topology:
@@ -169,7 +209,7 @@ def _reachable(graph, start):
     return seen
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_lane_graph_is_strongly_connected(name):
     t = town(name)
     lanes = set(t.lane_start)
@@ -178,7 +218,7 @@ def test_lane_graph_is_strongly_connected(name):
     assert _reachable(t.pred, root) >= lanes
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_lanes_are_continuous_at_joins(name):
     t = town(name)
     for start, end in t.topology:
@@ -189,7 +229,7 @@ def test_lanes_are_continuous_at_joins(name):
         assert turn < 5.0, f"{_key(start)} -> {_key(end)}: heading jumps {turn:.1f} deg"
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_junction_connectors_have_no_wild_loops(name):
     t = town(name)
     n = 0
@@ -203,7 +243,7 @@ def test_junction_connectors_have_no_wild_loops(name):
     assert n > 0
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_roads_do_not_overlap_outside_junctions(name):
     t = town(name)
     rows = []
@@ -220,7 +260,7 @@ def test_roads_do_not_overlap_outside_junctions(name):
         assert d.min() >= 3.5, f"lanes of different roads {d.min():.2f} m apart"
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_driving_lanes_are_3_5_m_wide(name):
     t = town(name)
     for k, wp in t.lane_start.items():
@@ -229,7 +269,7 @@ def test_driving_lanes_are_3_5_m_wide(name):
             assert wp.lane_width == pytest.approx(3.5, abs=1e-3)
 
 
-@pytest.mark.parametrize("name", TOWNS)
+@pytest.mark.parametrize("name", TOWNS + GENERATED)
 def test_roads_have_sidewalks(name):
     t = town(name)
     outer = [wp for wp in t.lane_start.values() if not wp.is_junction]
