@@ -1823,12 +1823,23 @@ def _set_seeds(args) -> list[int] | None:
 
 def _set_runs(args, seeds: list[int] | None) -> list[tuple[str, str, str | None, str, int]]:
     """(key, town, map folder or None, density, seed) of every run of a set: each OpenDRIVE file
-    of each folder named, and each other name as a town (built-in, shipped or on the search
-    path); with ``seeds`` (:func:`_set_seeds`), each at every seed (its key ending
+    of each folder named, each other name as a town (built-in, shipped or on the search path),
+    and ``random-A..B`` as the towns generated from seeds A to B (``random-A``, ...,
+    ``random-B``); with ``seeds`` (:func:`_set_seeds`), each at every seed (its key ending
     ``__s<seed>``)."""
+    import re
+
+    from drivemind.maps.towns import RANDOM_PREFIX
+
     densities = [d for d in args.densities.split(",") if d]
-    runs = []
+    sources = []
     for src in args.sources:
+        m = re.fullmatch(re.escape(RANDOM_PREFIX) + r"(\d+)\.\.(\d+)", src)
+        if m and int(m[1]) > int(m[2]):
+            raise SystemExit(f"{src}: the first seed is above the last; e.g. {RANDOM_PREFIX}0..29")
+        sources += [f"{RANDOM_PREFIX}{k}" for k in range(int(m[1]), int(m[2]) + 1)] if m else [src]
+    runs = []
+    for src in sources:
         p = Path(src)
         if p.is_dir():
             from drivemind.maps.opendrive import xodr_stem
@@ -2063,8 +2074,9 @@ def main(argv=None):
     p = sub.add_parser("sim-set", help="`sim` (or `autopilot`) on every network of a set (the files "
                                        "of folders, and towns), runs in parallel, resumable, "
                                        "optionally compared with an earlier set")
-    p.add_argument("sources", nargs="+", help="folders of .xodr / .xodr.xz / .xodr.gz files, and "
-                                              "town names (grid, Town02, ...)")
+    p.add_argument("sources", nargs="+", help="folders of .xodr / .xodr.xz / .xodr.gz files, "
+                                              "town names (grid, Town02, ...), and random-A..B: "
+                                              "the towns generated from seeds A to B")
     p.add_argument("--bench", choices=tuple(SET_KEYS), default="sim")
     p.add_argument("--densities", default="dense,drivevlm", help="comma-separated")
     p.add_argument("--seconds", type=float, default=600.0, help="simulated seconds per `sim` run")

@@ -94,6 +94,23 @@ def test_bench_sim_set_runs_every_file_and_town_resumes_and_compares(tmp_path, c
     capsys.readouterr()
 
 
+def test_bench_sim_set_takes_a_range_of_generated_towns(tmp_path, capsys):
+    """`sim-set random-2..4` runs the towns generated from seeds 2, 3 and 4 (docs/maps.md,
+    "Generated towns"); a range running backwards is refused."""
+    from script_loader import load_script
+
+    bench = load_script("bench")
+    argv = ["sim-set", "random-2..4", "grid", "--densities", "empty", "--seconds", "2", "--jobs", "2",
+            "--out", str(tmp_path / "runs")]
+    res = bench.main(argv)
+    assert sorted(res["per_run"]) == ["grid__empty", "random-2__empty", "random-3__empty",
+                                      "random-4__empty"]
+    assert res["failed"] == {}
+    with pytest.raises(SystemExit, match="first seed is above the last"):
+        bench.main(["sim-set", "random-4..2", "--out", str(tmp_path / "other")])
+    capsys.readouterr()
+
+
 def test_bench_sim_set_runs_each_network_at_each_seed(tmp_path, capsys):
     """`sim-set --seeds 0,1`: each network and density at each seed (keys ending __s<seed>, each
     run's JSON carrying its seed), and `over_seeds` the mean NPC speed over them; --seeds is
