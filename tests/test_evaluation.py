@@ -203,6 +203,24 @@ def test_video_helpers(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------- end to end
+def test_evaluate_on_a_generated_town_with_routes_written_to_the_cache(tmp_path, monkeypatch):
+    """``town=random-<seed>`` (docs/maps.md, "Generated towns"): its 10 fixed routes are drawn on
+    first use into the user cache, the same ones on the next evaluation, and the expert drives
+    them; the Hydra group ``town=random town.seed=<seed>`` names the same town."""
+    from hydra_config import config
+
+    monkeypatch.setenv("DRIVEMIND_CACHE", str(tmp_path / "cache"))
+    res = evaluate("autopilot", town="random-5", density="empty", routes=[0], out_dir=tmp_path / "a",
+                   env_kwargs={"bev": "cpu"}, progress=False)
+    files = list((tmp_path / "cache" / "routes").glob("random-5-*.json"))
+    assert len(files) == 1
+    assert [r.termination for r in res["records"]] == ["arrived"]
+    again = evaluate("autopilot", town="random-5", density="empty", routes=[0], out_dir=tmp_path / "b",
+                     env_kwargs={"bev": "cpu"}, progress=False)
+    assert [r.distance_m for r in again["records"]] == [r.distance_m for r in res["records"]]
+    assert config("town=random", "town.seed=5")["town"]["name"] == "random-5"
+
+
 def test_evaluate_autopilot_on_two_grid_routes(tmp_path):
     res = evaluate("autopilot", town="grid", density="empty", routes=[0, 1], out_dir=tmp_path,
                    env_kwargs={"bev": "cpu"}, video_route=1, progress=False, meta={"name": "ref"})
