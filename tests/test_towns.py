@@ -91,7 +91,8 @@ def test_builtin_names_and_descriptions():
 
 
 def test_unknown_name_raises_value_error_listing_valid_names():
-    for bad in ("Town01", "nowhere", "", "random-", "random-x", "random--1", "random-1.5", "random-٣"):
+    for bad in ("Town01", "nowhere", "", "random-", "random-x", "random--1", "random-1.5", "random-٣",
+                "random-07"):
         with pytest.raises(ValueError) as excinfo:
             builtin_town_xodr(bad)
         for name in TOWNS:

@@ -565,12 +565,13 @@ RANDOM_PREFIX = "random-"
 
 
 def random_town_seed(name) -> int | None:
-    """The seed of a generated town's name (``random-<seed>``, seed a whole number >= 0), or
-    None when ``name`` is not such a name."""
+    """The seed of a generated town's name (``random-<seed>``, seed a whole number >= 0 written
+    without leading zeros, so one town has one name), or None when ``name`` is not such a name."""
     if not isinstance(name, str) or not name.startswith(RANDOM_PREFIX):
         return None
     tail = name[len(RANDOM_PREFIX):]
-    return int(tail) if tail.isdigit() and tail.isascii() else None
+    ok = tail.isascii() and tail.isdigit() and str(int(tail)) == tail
+    return int(tail) if ok else None
 
 
 def _layout_random(b: _TownBuilder, seed: int) -> None:
