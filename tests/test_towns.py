@@ -23,7 +23,7 @@ from drivemind.maps.towns import BUILTIN_TOWNS, builtin_town_xodr  # noqa: E402
 
 TOWNS = ["grid", "curves", "avenue"]
 # towns generated from a seed (random-<seed>): small and large, one and two lanes, bends
-GENERATED = ["random-0", "random-7", "random-17", "random-23"]
+GENERATED = ["random-0", "random-7", "random-19", "random-23"]  # 19: a roundabout
 TRAFFIC_LIGHT = "1000001"
 # number of signalised junctions each town promises in its description
 SIGNALISED_JUNCTIONS = {"grid": 4, "curves": 0, "avenue": 4}
@@ -103,16 +103,19 @@ def test_unknown_name_raises_value_error_listing_valid_names():
 def test_generated_towns_differ_by_seed_and_vary_as_promised():
     """Seeds give different networks, and over ten seeds the generator draws what its docstring
     says: junctions of three and four roads at angles off 90 degrees, roads of one and of two
-    lanes each way, bends (curved roads), signalised and unsignalised junctions."""
-    texts = [builtin_town_xodr(f"random-{s}") for s in range(10)]
+    lanes each way, bends (curved roads), signalised and unsignalised junctions, roundabouts (a
+    ring of one-way roads)."""
+    texts = [builtin_town_xodr(f"random-{s}") for s in range(10, 20)]
     assert len(set(texts)) == 10
-    arms, lanes, curved, signalised, plain, angles = set(), set(), 0, 0, 0, []
+    arms, lanes, curved, signalised, plain, angles, one_way = set(), set(), 0, 0, 0, [], 0
     for text in texts:
         root = ET.fromstring(text)
         roads = {r.get("id"): r for r in root.findall("road")}
         for j in root.findall("junction"):
             incoming = {c.get("incomingRoad") for c in j.findall("connection")}
-            arms.add(len(incoming))
+            touching = {rid for rid, r in roads.items() if r.get("junction") == "-1"
+                        and any(x.get("elementId") == j.get("id") for x in r.find("link"))}
+            arms.add(len(touching))
             signalised += j.find("controller") is not None
             plain += j.find("controller") is None
             heads = []
@@ -129,9 +132,12 @@ def test_generated_towns_differ_by_seed_and_vary_as_promised():
                 continue
             lanes.add(len(road.findall("lanes/laneSection/right/lane")) - 1)  # less the sidewalk
             curved += any(g.find("line") is None for g in road.findall("planView/geometry"))
+            one_way += not any(lane.get("type") == "driving"
+                               for lane in road.findall("lanes/laneSection/left/lane"))
     assert arms == {3, 4}
     assert lanes == {1, 2}
     assert curved > 0 and signalised > 0 and plain > 0
+    assert one_way >= 6  # two roundabouts (random-11, random-19) of three or four ring roads
     # headings of a junction's roads (mod pi): not only right angles and straight lines
     assert any(0.05 < abs(a - round(a / (math.pi / 2)) * math.pi / 2) for a in angles)
 
@@ -149,13 +155,13 @@ def test_text_is_the_same_in_another_process():
     code = (
         "import hashlib\n"
         "from drivemind.maps.towns import builtin_town_xodr\n"
-        f"for n in {list(reversed(TOWNS + GENERATED[:2]))!r}:\n"
+        f"for n in {list(reversed(TOWNS + GENERATED[::2]))!r}:\n"
         "    print(n, hashlib.sha256(builtin_town_xodr(n).encode()).hexdigest())\n"
     )
     env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     theirs = dict(line.split() for line in out.stdout.strip().splitlines())
-    ours = {n: hashlib.sha256(builtin_town_xodr(n).encode()).hexdigest() for n in TOWNS + GENERATED[:2]}
+    ours = {n: hashlib.sha256(builtin_town_xodr(n).encode()).hexdigest() for n in TOWNS + GENERATED[::2]}
     assert theirs == ours
 
 

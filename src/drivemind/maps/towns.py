@@ -580,7 +580,9 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
     roads, or the network in pieces). Nodes with three or more roads are junctions (half of
     them signalised); a node with two is a bend the road passes through (a clothoid through
     the node). Each road, bends included, gets one or two lanes each way (a third of them
-    two). Junction arms point at the next node along their road, so the angles between them
+    two). Some unsignalised junctions of one-lane roads are roundabouts (:func:`_roundabouts`):
+    a junction per arm on a circle of RING_RADIUS, joined counter-clockwise by one-way ring
+    roads. Junction arms point at the next node along their road, so the angles between them
     are what the jitter makes (about 65-115 degrees): an approach has at most one right and one
     left turn, so with one or two lanes the builder's movements give every lane a way on and
     every lane out a way in, and the network is closed (tests/test_towns.py checks it over
@@ -651,19 +653,73 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
         half = k * LANE_WIDTH + SIDEWALK_WIDTH
         arms[chain[0]].append((angle(chain[0], chain[1]), half))
         arms[chain[-1]].append((angle(chain[-1], chain[-2]), half))
-    ids = {}
-    for k, n in enumerate(junctions):
+    size, sig = {}, {}
+    for n in junctions:
         angs = sorted(arms[n])
         d = 0.0
         for (a0, w0), (a1, w1) in zip(angs, angs[1:] + angs[:1]):
             gap = (a1 - a0) % (2 * math.pi) or 2 * math.pi
             d = max(d, max(w0, w1) / math.tan(min(gap, math.pi * 0.999) / 2.0))
+        size[n], sig[n] = d + 6.0, rng.random() < 0.5
+    rings = _roundabouts(seed, junctions, arms, size, sig, pos, edges, neighbours)
+    ids = {}
+    for k, n in enumerate(junctions):
         ids[n] = k + 1
-        b.node(k + 1, *pos[n], d=d + 6.0, signalised=rng.random() < 0.5)
+        if n not in rings:
+            b.node(k + 1, *pos[n], d=size[n], signalised=sig[n])
+    # a roundabout: one small junction per arm on a circle of RING_RADIUS, joined one way
+    # (counter-clockwise: right-hand traffic) by ring roads; each arm's road ends at its own
+    ring_node = {}
+    next_id = len(junctions) + 1
+    for n in sorted(rings):
+        around = sorted(a for a, _ in arms[n])
+        for k, a in enumerate(around):
+            w = max(RING_HALF, max(h for aa, h in arms[n] if aa == a))
+            x, y = pos[n][0] + RING_RADIUS * math.cos(a), pos[n][1] + RING_RADIUS * math.sin(a)
+            b.node(next_id, x, y, d=w + RING_MARGIN)
+            ring_node[n, a] = next_id
+            next_id += 1
+
+    def end(n, a):
+        """(node id, arm angle in degrees) where a road leaving ``n`` at angle ``a`` ends."""
+        return (ring_node[n, a], math.degrees(a)) if n in rings else (ids[n], math.degrees(a))
+
     for chain, k in zip(chains, lanes):
         via = tuple((*pos[m], math.degrees(angle(p, q)))
                     for p, m, q in zip(chain, chain[1:-1], chain[2:]))
-        b.road(ids[chain[0]], math.degrees(angle(chain[0], chain[1])), ids[chain[-1]],
-               math.degrees(angle(chain[-1], chain[-2])), lanes=k,
-               shape="clothoid" if via else "auto", via=via)
+        b.road(*end(chain[0], angle(chain[0], chain[1])), *end(chain[-1], angle(chain[-1], chain[-2])),
+               lanes=k, shape="clothoid" if via else "auto", via=via)
+    for n in sorted(rings):
+        around = sorted(a for a, _ in arms[n])
+        for a0, a1 in zip(around, around[1:] + around[:1]):
+            b.road(ring_node[n, a0], math.degrees(a0) + 90.0, ring_node[n, a1],
+                   math.degrees(a1) - 90.0, lanes=(0, 1), shape="clothoid")
 
+
+RING_RADIUS = 30.0  # m from a roundabout's centre to the junctions of its arms
+RING_HALF = 1 * LANE_WIDTH + SIDEWALK_WIDTH  # a one-lane ring road's half width (kerb side)
+RING_MARGIN = 4.0  # m beyond the widest road's half width to the ends of a ring junction's roads
+RING_SHARE = 0.3  # of the junctions that can be a roundabout, the share that are
+
+
+def _roundabouts(seed, junctions, arms, size, sig, pos, edges, neighbours) -> set:
+    """The junctions of a generated town that become roundabouts: unsignalised, three or four
+    roads of one lane each way (the ring has one) at least 70 degrees apart, every next node far
+    enough for a road between the ring and it (RING_RADIUS + 50 m), no two next to each other;
+    RING_SHARE of those, drawn from their own random stream (so the rest of the town is what the
+    seed gave before roundabouts existed)."""
+    import random  # noqa: PLC0415
+
+    rr = random.Random(f"roundabouts-{seed}")
+    chosen: set = set()
+    for n in junctions:
+        around = sorted(a for a, _ in arms[n])
+        gaps = [((a1 - a0) % (2 * math.pi)) for a0, a1 in zip(around, around[1:] + around[:1])]
+        near = neighbours(edges, n)
+        fits = (not sig[n] and len(around) in (3, 4) and min(gaps) >= math.radians(70.0)
+                and all(h == RING_HALF for _, h in arms[n])
+                and all(math.dist(pos[n], pos[m]) >= RING_RADIUS + 50.0 for m in near)
+                and not any(m in chosen for m in near))
+        if rr.random() < RING_SHARE and fits:
+            chosen.add(n)
+    return chosen
