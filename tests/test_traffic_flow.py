@@ -226,6 +226,22 @@ def test_dense_traffic_flows_without_collisions_on_carla_towns(shared_maps, town
     assert world.npc_max_stuck_s < 90.0
 
 
+@pytest.mark.parametrize("town, density", [("random-19", "dense"), ("random-11", "drivevlm")])
+def test_traffic_flows_without_collisions_on_generated_towns_with_a_roundabout(town, density):
+    """Towns generated from a seed (docs/maps.md, "Generated towns"), each with a roundabout of
+    one-way ring roads: the traffic keeps moving through it, with no contact."""
+    from drivemind.maps import load_town
+
+    rm = load_town(town)
+    ring = [i for i in range(rm.n_lanes) if rm.junction[i] < 0 and rm.left[i] < 0 and rm.right[i] < 0
+            and not rm.keys[i][2] > 0]  # one-way one-lane roads: the ring's
+    assert len(ring) >= 3
+    world, kmh = _run(rm, density_config(density), 0, 1500)
+    assert world.npc_collision_total == 0
+    assert kmh > 10.0
+    assert world.npc_max_stuck_s < 90.0 and world.npc_respawns == 0
+
+
 def test_same_seed_same_traffic_with_respawns(shared_maps):
     path = shared_maps / "Town03.xodr"
     if not path.exists():
