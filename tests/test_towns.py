@@ -23,7 +23,8 @@ from drivemind.maps.towns import BUILTIN_TOWNS, builtin_town_xodr  # noqa: E402
 
 TOWNS = ["grid", "curves", "avenue"]
 # towns generated from a seed (random-<seed>): small and large, one and two lanes, bends
-GENERATED = ["random-0", "random-7", "random-19", "random-23"]  # 19: a roundabout
+GENERATED = ["random-0", "random-7", "random-19", "random-23", "random-84"]  # 19: a roundabout;
+# 84: both ways into a two-lane road turn left (its outer lane is fed by a lane added for it)
 TRAFFIC_LIGHT = "1000001"
 # number of signalised junctions each town promises in its description
 SIGNALISED_JUNCTIONS = {"grid": 4, "curves": 0, "avenue": 4}

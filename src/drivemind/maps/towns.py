@@ -85,6 +85,7 @@ def builtin_town_xodr(name: str) -> str:
         )
     builder = _TownBuilder(name)
     if seed is not None:
+        builder.every_lane_moves = True
         _layout_random(builder, seed)
     else:
         _LAYOUTS[name](builder)
@@ -232,6 +233,9 @@ class _TownBuilder:
         self.name = name
         self.nodes: dict[int, _Node] = {}
         self.roads: list[_RoadSpec] = []
+        # generated towns: every lane into a junction has a way on and every lane out a way in
+        # (the hand-made layouts have them by construction, and their text stays as it was)
+        self.every_lane_moves = False
 
     # ---- layout API -------------------------------------------------------------------------
     def node(self, nid: int, x: float, y: float, d: float, signalised: bool = False) -> _Node:
@@ -393,11 +397,16 @@ class _TownBuilder:
                     h_in, h_out = _wrap(h + math.pi), h
                 arms.append((spec, contact, n_in, n_out, in_sign, out_sign, h_in, h_out))
 
+            moves = {}  # (arm in, arm out) -> lane pairs
             for a_in in arms:
                 for a_out in arms:
-                    if a_in is a_out:
-                        continue
-                    for lane_in, lane_out in self._movements(a_in, a_out):
+                    if a_in is not a_out:
+                        moves[id(a_in), id(a_out)] = self._movements(a_in, a_out)
+            if self.every_lane_moves:
+                self._fill_movements(arms, moves)
+            for a_in in arms:
+                for a_out in arms:
+                    for lane_in, lane_out in moves.get((id(a_in), id(a_out)), ()):
                         jc.add_connection(a_in[0].id, a_out[0].id, lane_in, lane_out)
             if len(jc.get_connecting_roads()) >= 100:
                 raise RuntimeError(f"{self.name}: too many connecting roads at node {nid}")
@@ -436,6 +445,38 @@ class _TownBuilder:
         _adjust_roads_and_lanes(odr)
         root = odr.get_element()
         return self._finish(root, controllers)
+
+    @staticmethod
+    def _turn(a_in, a_out) -> float:
+        """The turn in degrees (left positive) from arm ``a_in`` into arm ``a_out``."""
+        return math.degrees(_wrap(a_out[7] - a_in[6]))
+
+    def _fill_movements(self, arms, moves) -> None:
+        """Give every incoming lane a way on and every outgoing lane a way in, where
+        :meth:`_movements` left one without: between roads with different lane counts, at a
+        junction where both ways into a two-lane road turn left (only its inner lane was fed)
+        or both ways on from one turn the same way (generated towns' seeds 84, 147 and 171 of
+        0-239): lane k -> lane min(k, n) through the arm with the smallest turn."""
+        for a_in in arms:
+            if a_in[2] == 0:
+                continue
+            have = {abs(i) for a_out in arms if a_out is not a_in
+                    for i, _ in moves[id(a_in), id(a_out)]}
+            outs = sorted((a for a in arms if a is not a_in and a[3] > 0),
+                          key=lambda a: abs(self._turn(a_in, a)))
+            for k in range(1, a_in[2] + 1):
+                if k not in have and outs:
+                    moves[id(a_in), id(outs[0])].append((a_in[4] * k, outs[0][5] * min(k, outs[0][3])))
+        for a_out in arms:
+            if a_out[3] == 0:
+                continue
+            have = {abs(o) for a_in in arms if a_in is not a_out
+                    for _, o in moves[id(a_in), id(a_out)]}
+            ins = sorted((a for a in arms if a is not a_out and a[2] > 0),
+                         key=lambda a: abs(self._turn(a, a_out)))
+            for k in range(1, a_out[3] + 1):
+                if k not in have and ins:
+                    moves[id(ins[0]), id(a_out)].append((ins[0][4] * min(k, ins[0][2]), a_out[5] * k))
 
     @staticmethod
     def _movements(a_in, a_out):
@@ -583,10 +624,10 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
     two). Some unsignalised junctions of one-lane roads are roundabouts (:func:`_roundabouts`):
     a junction per arm on a circle of RING_RADIUS, joined counter-clockwise by one-way ring
     roads. Junction arms point at the next node along their road, so the angles between them
-    are what the jitter makes (about 65-115 degrees): an approach has at most one right and one
-    left turn, so with one or two lanes the builder's movements give every lane a way on and
-    every lane out a way in, and the network is closed (tests/test_towns.py checks it over
-    seeds). Deterministic for a seed, on any machine (Python's ``random.Random``)."""
+    are what the jitter makes (about 65-115 degrees). Where the builder's movements leave a
+    lane of a two-lane road without a way on or in (both ways into it turning left, say), one
+    is added (:meth:`_TownBuilder._fill_movements`), so the network is closed
+    (tests/test_towns.py checks it over seeds). Deterministic for a seed, on any machine (Python's ``random.Random``)."""
     import random  # noqa: PLC0415
 
     rng = random.Random(seed)
