@@ -200,6 +200,7 @@ distill: does the prompt distillation work? A student_smolvlm (a CPU-sized rando
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -1746,27 +1747,54 @@ def grid_town_xodr(n: int, spacing: float = 80.0) -> str:
     return b.to_xodr()
 
 
+def _expand_random(sources) -> list[str]:
+    """``sources`` with each ``random-A..B`` replaced by the towns generated from seeds A to B."""
+    import re
+
+    from drivemind.maps.towns import RANDOM_PREFIX
+
+    out = []
+    for src in sources:
+        m = re.fullmatch(re.escape(RANDOM_PREFIX) + r"(\d+)\.\.(\d+)", src)
+        if m and int(m[1]) > int(m[2]):
+            raise SystemExit(f"{src}: the first seed is above the last; e.g. {RANDOM_PREFIX}0..29")
+        out += [f"{RANDOM_PREFIX}{k}" for k in range(int(m[1]), int(m[2]) + 1)] if m else [src]
+    return out
+
+
 def bench_maps(args) -> dict:
-    """Which OpenDRIVE files of some folders load, and why the others do not: per file the lanes,
-    km of lane and spawn points it gives, or its error's first line; the MapWarnings per kind.
-    Every file goes through the loader as a user's would (the child-process check included)."""
+    """Which OpenDRIVE files of some folders (and towns named: ``Town02``, ``random-0..99``)
+    load, and why the others do not: per map the lanes, km of lane and spawn points it gives,
+    its lanes with no way on (``dead_ends``) and the strongly connected components of its lane
+    graph (``components``: 1 where every lane is reachable from every other), or its error's
+    first line; the MapWarnings per kind. Every file goes through the loader as a user's would
+    (the child-process check included)."""
     import re
     import warnings
 
+    from drivemind.maps import load_town
     from drivemind.maps.opendrive import load_xodr_file
+    from drivemind.maps.routing import _lane_components
     from drivemind.maps.validate import MapWarning
 
-    files = sorted(f for d in args.dirs for f in _xodr_files(d))
-    if not files:
-        raise SystemExit(f"no .xodr files in {', '.join(args.dirs)}")
+    maps = []  # (key, how to load it)
+    for src in _expand_random(args.dirs):
+        if Path(src).is_dir():
+            files = _xodr_files(src)
+            if not files:
+                raise SystemExit(f"no .xodr files in {src}")
+            # two folders may hold files of one name
+            maps += [(f"{f.parent.name}/{f.name}", functools.partial(load_xodr_file, f)) for f in files]
+        else:
+            maps.append((src, functools.partial(load_town, src)))
+    maps.sort(key=lambda m: m[0])
     per_file, failed, kinds = {}, {}, {}
     t0 = time.perf_counter()
-    for f in files:
-        key = f"{f.parent.name}/{f.name}"  # two folders may hold files of one name
+    for key, load in maps:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                rm = load_xodr_file(f)
+                rm = load()
             except Exception as exc:  # noqa: BLE001 - the point is to report every failure
                 failed[key] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 continue
@@ -1778,11 +1806,15 @@ def bench_maps(args) -> dict:
                 kind = m.group(1) if m else str(w.message)[:80]
                 found.append(kind)
                 kinds[kind] = kinds.get(kind, 0) + 1
+        comp, _ = _lane_components(rm)
         per_file[key] = {"lanes": int(rm.n_lanes), "lane_km": round(float(rm.length.sum()) / 1000, 3),
-                            "spawn_points": int(len(rm.spawn)), "warnings": found}
-    return {"what": "maps", "dirs": list(args.dirs), "files": len(files), "loaded": len(per_file),
-            "failed": failed, "warning_kinds": kinds, "per_file": per_file,
-            "wall_s": round(time.perf_counter() - t0, 1), **machine()}
+                         "spawn_points": int(len(rm.spawn)), "warnings": found,
+                         "dead_ends": sum(len(rm.successors(i)) == 0 for i in range(rm.n_lanes)),
+                         "components": int(comp.max()) + 1 if len(comp) else 0}
+    return {"what": "maps", "dirs": list(args.dirs), "files": len(maps), "loaded": len(per_file),
+            "failed": failed, "warning_kinds": kinds,
+            "not_strongly_connected": sorted(k for k, v in per_file.items() if v["components"] != 1),
+            "per_file": per_file, "wall_s": round(time.perf_counter() - t0, 1), **machine()}
 
 
 SET_KEYS = {  # the figures a set's summary keeps per run (the whole JSON stays in --out)
@@ -1827,19 +1859,9 @@ def _set_runs(args, seeds: list[int] | None) -> list[tuple[str, str, str | None,
     and ``random-A..B`` as the towns generated from seeds A to B (``random-A``, ...,
     ``random-B``); with ``seeds`` (:func:`_set_seeds`), each at every seed (its key ending
     ``__s<seed>``)."""
-    import re
-
-    from drivemind.maps.towns import RANDOM_PREFIX
-
     densities = [d for d in args.densities.split(",") if d]
-    sources = []
-    for src in args.sources:
-        m = re.fullmatch(re.escape(RANDOM_PREFIX) + r"(\d+)\.\.(\d+)", src)
-        if m and int(m[1]) > int(m[2]):
-            raise SystemExit(f"{src}: the first seed is above the last; e.g. {RANDOM_PREFIX}0..29")
-        sources += [f"{RANDOM_PREFIX}{k}" for k in range(int(m[1]), int(m[2]) + 1)] if m else [src]
     runs = []
-    for src in sources:
+    for src in _expand_random(args.sources):
         p = Path(src)
         if p.is_dir():
             from drivemind.maps.opendrive import xodr_stem
@@ -2068,9 +2090,12 @@ def main(argv=None):
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
-    p = sub.add_parser("maps", help="which OpenDRIVE files of some folders load, and why the others "
-                                    "do not (lanes, km, spawn points, map warnings per file)")
-    p.add_argument("dirs", nargs="+", help="folders holding .xodr / .xodr.xz / .xodr.gz files")
+    p = sub.add_parser("maps", help="which OpenDRIVE files of some folders (and towns) load, and why "
+                                    "the others do not (lanes, km, spawn points, dead ends, "
+                                    "strongly connected components, map warnings per map)")
+    p.add_argument("dirs", nargs="+", help="folders holding .xodr / .xodr.xz / .xodr.gz files, town "
+                                           "names, and random-A..B: the towns generated from seeds "
+                                           "A to B")
     p = sub.add_parser("sim-set", help="`sim` (or `autopilot`) on every network of a set (the files "
                                        "of folders, and towns), runs in parallel, resumable, "
                                        "optionally compared with an earlier set")

@@ -49,6 +49,13 @@ def test_bench_maps_says_which_files_load_and_why_the_others_do_not(tmp_path):
     assert out["per_file"][good]["lanes"] == 1
     assert out["per_file"][good]["warnings"] == ["arcs of zero curvature read as lines"]
     assert out["warning_kinds"] == {"arcs of zero curvature read as lines": 1}
+    # one lane with an open end: a dead end, one component (itself)
+    assert out["per_file"][good]["dead_ends"] == 1 and out["per_file"][good]["components"] == 1
+    # towns by name, and a range of generated ones: closed networks
+    towns = load_script("bench").main(["maps", "grid", "random-2..3"])
+    assert sorted(towns["per_file"]) == ["grid", "random-2", "random-3"]
+    assert all(v["components"] == 1 and v["dead_ends"] == 0 for v in towns["per_file"].values())
+    assert towns["not_strongly_connected"] == []
 
 
 def test_bench_sim_set_runs_every_file_and_town_resumes_and_compares(tmp_path, capsys):
