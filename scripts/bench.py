@@ -2090,18 +2090,16 @@ def main(argv=None):
     e = timed("env", "full env steps/s, and highway-env intersection-v0 side by side", "regular", 300.0)
     e.add_argument("--bev", default="roach", help="BEV preset: roach (15x192x192), paper, cpu")
     e.add_argument("--peer-steps", type=int, default=1000, help="highway-env steps timed (it is slow)")
+    networks = ("folders of .xodr / .xodr.xz / .xodr.gz files, town names (grid, Town02, ...), and "
+                "random-A..B: the towns generated from seeds A to B")
     p = sub.add_parser("maps", help="which OpenDRIVE files of some folders (and towns) load, and why "
                                     "the others do not (lanes, km, spawn points, dead ends, "
                                     "strongly connected components, map warnings per map)")
-    p.add_argument("dirs", nargs="+", help="folders holding .xodr / .xodr.xz / .xodr.gz files, town "
-                                           "names, and random-A..B: the towns generated from seeds "
-                                           "A to B")
+    p.add_argument("dirs", nargs="+", help=networks)
     p = sub.add_parser("sim-set", help="`sim` (or `autopilot`) on every network of a set (the files "
                                        "of folders, and towns), runs in parallel, resumable, "
                                        "optionally compared with an earlier set")
-    p.add_argument("sources", nargs="+", help="folders of .xodr / .xodr.xz / .xodr.gz files, "
-                                              "town names (grid, Town02, ...), and random-A..B: "
-                                              "the towns generated from seeds A to B")
+    p.add_argument("sources", nargs="+", help=networks)
     p.add_argument("--bench", choices=tuple(SET_KEYS), default="sim")
     p.add_argument("--densities", default="dense,drivevlm", help="comma-separated")
     p.add_argument("--seconds", type=float, default=600.0, help="simulated seconds per `sim` run")

@@ -456,27 +456,26 @@ class _TownBuilder:
         :meth:`_movements` left one without: between roads with different lane counts, at a
         junction where both ways into a two-lane road turn left (only its inner lane was fed)
         or both ways on from one turn the same way (generated towns' seeds 84, 147 and 171 of
-        0-239): lane k -> lane min(k, n) through the arm with the smallest turn."""
-        for a_in in arms:
-            if a_in[2] == 0:
-                continue
-            have = {abs(i) for a_out in arms if a_out is not a_in
-                    for i, _ in moves[id(a_in), id(a_out)]}
-            outs = sorted((a for a in arms if a is not a_in and a[3] > 0),
-                          key=lambda a: abs(self._turn(a_in, a)))
-            for k in range(1, a_in[2] + 1):
-                if k not in have and outs:
-                    moves[id(a_in), id(outs[0])].append((a_in[4] * k, outs[0][5] * min(k, outs[0][3])))
-        for a_out in arms:
-            if a_out[3] == 0:
-                continue
-            have = {abs(o) for a_in in arms if a_in is not a_out
-                    for _, o in moves[id(a_in), id(a_out)]}
-            ins = sorted((a for a in arms if a is not a_out and a[2] > 0),
-                         key=lambda a: abs(self._turn(a, a_out)))
-            for k in range(1, a_out[3] + 1):
-                if k not in have and ins:
-                    moves[id(ins[0]), id(a_out)].append((ins[0][4] * min(k, ins[0][2]), a_out[5] * k))
+        0-239): lane k -> lane min(k, n) through the arm with the smallest turn. An arm is
+        ``(road, contact, n_in, n_out, in_sign, out_sign, heading_in, heading_out)``, as
+        :meth:`to_xodr` builds it; ``moves[id(arm in), id(arm out)]`` its (lane in, lane out)
+        pairs."""
+        for side in (0, 1):  # 0: lanes into the junction want a way on; 1: lanes out a way in
+            for a in arms:
+                def pair(b, a=a, side=side):  # (arm in, arm out) between a and b
+                    return (a, b) if side == 0 else (b, a)
+
+                others = sorted((b for b in arms if b is not a and b[3 - side] > 0),
+                                key=lambda b: abs(self._turn(*pair(b))))
+                have = {abs(lanes[side]) for b in arms if b is not a
+                        for lanes in moves[tuple(map(id, pair(b)))]}
+                for k in range(1, a[2 + side] + 1):
+                    if k not in have and others:
+                        b = others[0]
+                        lanes = [0, 0]  # (lane in, lane out)
+                        lanes[side] = a[4 + side] * k
+                        lanes[1 - side] = b[5 - side] * min(k, b[3 - side])
+                        moves[tuple(map(id, pair(b)))].append(tuple(lanes))
 
     @staticmethod
     def _movements(a_in, a_out):
