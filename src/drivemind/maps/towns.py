@@ -453,10 +453,10 @@ class _TownBuilder:
 
     def _fill_movements(self, arms, moves) -> None:
         """Give every incoming lane a way on and every outgoing lane a way in, where
-        :meth:`_movements` left one without: between roads with different lane counts, at a
-        junction where both ways into a two-lane road turn left (only its inner lane was fed)
-        or both ways on from one turn the same way (generated towns' seeds 84, 147 and 171 of
-        0-239): lane k -> lane min(k, n) through the arm with the smallest turn. An arm is
+        :meth:`_movements` left one without, between roads with different lane counts: a
+        three-lane road's middle lane where its ways on only turn, or a two-lane road whose two
+        ways in both turn left (115 of generated towns' seeds 0-299 have one or more): lane k ->
+        lane min(k, n) through the arm with the smallest turn. An arm is
         ``(road, contact, n_in, n_out, in_sign, out_sign, heading_in, heading_out)``, as
         :meth:`to_xodr` builds it; ``moves[id(arm in), id(arm out)]`` its (lane in, lane out)
         pairs."""
@@ -620,12 +620,11 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
     roads, or the network in pieces). Nodes with three or more roads are junctions (half of
     them signalised); a node with two is a bend the road passes through (a clothoid through
     the node). Each road, bends included, gets one or two lanes each way (a third of them
-    two). Some unsignalised junctions of one-lane roads are roundabouts (:func:`_roundabouts`):
+    two; a quarter of those without bends three). Some unsignalised junctions of one-lane roads are roundabouts (:func:`_roundabouts`):
     a junction per arm on a circle of RING_RADIUS, joined counter-clockwise by one-way ring
     roads. Junction arms point at the next node along their road, so the angles between them
     are what the jitter makes (about 65-115 degrees). Where the builder's movements leave a
-    lane of a two-lane road without a way on or in (both ways into it turning left, say), one
-    is added (:meth:`_TownBuilder._fill_movements`), so the network is closed
+    lane without a way on or in (a three-lane road's middle lane at turns, say), one is added (:meth:`_TownBuilder._fill_movements`), so the network is closed
     (tests/test_towns.py checks it over seeds). Deterministic for a seed, on any machine (Python's ``random.Random``)."""
     import random  # noqa: PLC0415
 
@@ -687,6 +686,11 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
         return math.atan2(pos[c][1] - pos[a][1], pos[c][0] - pos[a][0])
 
     lanes = [1 if rng.random() < 2 / 3 else 2 for _ in chains]
+    # a quarter of the two-lane roads without bends have three lanes each way (through a bend a
+    # three-lane road's outer lane can fold back on itself); their own random stream, so the
+    # rest of the town is what the seed gave before they existed
+    wide = random.Random(f"wide-{seed}")
+    lanes = [3 if wide.random() < 0.25 and k == 2 and len(c) == 2 else k for k, c in zip(lanes, chains)]
     # arms of each junction: angle -> half width of its road
     arms: dict = {n: [] for n in junctions}
     for chain, k in zip(chains, lanes):
