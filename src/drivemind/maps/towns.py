@@ -705,7 +705,7 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
             gap = (a1 - a0) % (2 * math.pi) or 2 * math.pi
             d = max(d, max(w0, w1) / math.tan(min(gap, math.pi * 0.999) / 2.0))
         size[n], sig[n] = d + 6.0, rng.random() < 0.5
-    rings = _roundabouts(seed, junctions, arms, size, sig, pos, edges, neighbours)
+    rings = _roundabouts(seed, junctions, arms, sig, pos, edges, neighbours)
     ids = {}
     for k, n in enumerate(junctions):
         ids[n] = k + 1
@@ -717,7 +717,7 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
     next_id = len(junctions) + 1
     for n in sorted(rings):
         around = sorted(a for a, _ in arms[n])
-        for k, a in enumerate(around):
+        for a in around:
             w = max(RING_HALF, max(h for aa, h in arms[n] if aa == a))
             x, y = pos[n][0] + RING_RADIUS * math.cos(a), pos[n][1] + RING_RADIUS * math.sin(a)
             b.node(next_id, x, y, d=w + RING_MARGIN)
@@ -746,7 +746,7 @@ RING_MARGIN = 4.0  # m beyond the widest road's half width to the ends of a ring
 RING_SHARE = 0.3  # of the junctions that can be a roundabout, the share that are
 
 
-def _roundabouts(seed, junctions, arms, size, sig, pos, edges, neighbours) -> set:
+def _roundabouts(seed, junctions, arms, sig, pos, edges, neighbours) -> set:
     """The junctions of a generated town that become roundabouts: unsignalised, three or four
     roads of one lane each way (the ring has one) at least 70 degrees apart, every next node far
     enough for a road between the ring and it (RING_RADIUS + 50 m), no two next to each other;
