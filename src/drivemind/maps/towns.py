@@ -85,7 +85,6 @@ def builtin_town_xodr(name: str) -> str:
         )
     builder = _TownBuilder(name)
     if seed is not None:
-        builder.every_lane_moves = True
         _layout_random(builder, seed)
     else:
         _LAYOUTS[name](builder)
@@ -233,9 +232,6 @@ class _TownBuilder:
         self.name = name
         self.nodes: dict[int, _Node] = {}
         self.roads: list[_RoadSpec] = []
-        # generated towns: every lane into a junction has a way on and every lane out a way in
-        # (the hand-made layouts have them by construction, and their text stays as it was)
-        self.every_lane_moves = False
 
     # ---- layout API -------------------------------------------------------------------------
     def node(self, nid: int, x: float, y: float, d: float, signalised: bool = False) -> _Node:
@@ -402,8 +398,9 @@ class _TownBuilder:
                 for a_out in arms:
                     if a_in is not a_out:
                         moves[id(a_in), id(a_out)] = self._movements(a_in, a_out)
-            if self.every_lane_moves:
-                self._fill_movements(arms, moves)
+            # every lane in gets a way on and every lane out a way in (the hand-made layouts
+            # have them from _movements alone, so their text is as it was)
+            self._fill_movements(arms, moves)
             for a_in in arms:
                 for a_out in arms:
                     for lane_in, lane_out in moves.get((id(a_in), id(a_out)), ()):
@@ -619,13 +616,15 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
     lattice links are roads; some links are left out (never leaving a node with fewer than two
     roads, or the network in pieces). Nodes with three or more roads are junctions (half of
     them signalised); a node with two is a bend the road passes through (a clothoid through
-    the node). Each road, bends included, gets one or two lanes each way (a third of them
-    two; a quarter of those without bends three). Some unsignalised junctions of one-lane roads are roundabouts (:func:`_roundabouts`):
-    a junction per arm on a circle of RING_RADIUS, joined counter-clockwise by one-way ring
-    roads. Junction arms point at the next node along their road, so the angles between them
-    are what the jitter makes (about 65-115 degrees). Where the builder's movements leave a
-    lane without a way on or in (a three-lane road's middle lane at turns, say), one is added (:meth:`_TownBuilder._fill_movements`), so the network is closed
-    (tests/test_towns.py checks it over seeds). Deterministic for a seed, on any machine (Python's ``random.Random``)."""
+    the node). Each road, bends included, gets one or two lanes each way (a third of them two;
+    a quarter of those without bends three). Some unsignalised junctions of one-lane roads are
+    roundabouts (:func:`_roundabouts`): a junction per arm on a circle of RING_RADIUS, joined
+    counter-clockwise by one-way ring roads. Junction arms point at the next node along their
+    road, so the angles between them are what the jitter makes (about 65-115 degrees); where the
+    builder's movements leave a lane without a way on or in (a three-lane road's middle lane at
+    turns, say), :meth:`_TownBuilder._fill_movements` adds one, so the network is closed
+    (tests/test_towns.py checks it over seeds). Deterministic for a seed, on any machine
+    (Python's ``random.Random``)."""
     import random  # noqa: PLC0415
 
     rng = random.Random(seed)
@@ -717,10 +716,9 @@ def _layout_random(b: _TownBuilder, seed: int) -> None:
     next_id = len(junctions) + 1
     for n in sorted(rings):
         around = sorted(a for a, _ in arms[n])
-        for a in around:
-            w = max(RING_HALF, max(h for aa, h in arms[n] if aa == a))
+        for a in around:  # its arms and the ring roads are all one lane each way (_roundabouts)
             x, y = pos[n][0] + RING_RADIUS * math.cos(a), pos[n][1] + RING_RADIUS * math.sin(a)
-            b.node(next_id, x, y, d=w + RING_MARGIN)
+            b.node(next_id, x, y, d=RING_HALF + RING_MARGIN)
             ring_node[n, a] = next_id
             next_id += 1
 
