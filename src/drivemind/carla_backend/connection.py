@@ -77,9 +77,9 @@ def check_versions(client_version: str, server_version: str) -> None:
 def town_opendrive(town: str) -> str | None:
     """The OpenDRIVE text we generate the world from, or None for a town the server ships
     (loaded by name). Built-in towns and .xodr paths are generated; CARLA town names are not."""
-    from ..maps.resolve import is_builtin
+    from ..maps.towns import is_builtin_town
 
-    if is_builtin(town):
+    if is_builtin_town(town):
         from ..maps.towns import builtin_town_xodr
         return builtin_town_xodr(town)
     if town.endswith(XODR_SUFFIXES) or os.sep in town:

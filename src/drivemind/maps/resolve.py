@@ -72,17 +72,10 @@ def find_town_file(name: str, extra=None) -> Path | None:
 
 
 def builtin_names() -> list[str]:
-    """The built-in layouts' names (``random-<seed>`` towns aside: :func:`is_builtin`)."""
+    """The built-in layouts' names (``random-<seed>`` towns aside: ``towns.is_builtin_town``)."""
     from .towns import BUILTIN_TOWNS
 
     return sorted(BUILTIN_TOWNS)
-
-
-def is_builtin(town) -> bool:
-    """Whether ``town`` names a town generated in code: a built-in layout or ``random-<seed>``."""
-    from .towns import is_builtin_town
-
-    return is_builtin_town(town)
 
 
 def builtin_listing() -> str:
@@ -110,7 +103,9 @@ def load_town(town: str | os.PathLike, search_path=None, **build_kw) -> RoadMap:
         if not path.is_file():
             raise MapError(f"{path}: no such OpenDRIVE file")
         return _load_file_cached(str(path.resolve()), path.stat().st_mtime_ns, kw)
-    if is_builtin(town):
+    from .towns import is_builtin_town
+
+    if is_builtin_town(town):
         shadowed = find_town_file(town, search_path)
         if shadowed is not None and shadowed.parent != VENDORED_DIR:
             # a built-in name is the built-in town: the file of that name on the search path is
